@@ -1,0 +1,44 @@
+# The CUDA module: built when nvcc is found (AUTO), required (ON) or skipped (OFF).
+
+if(JAX_TILED_CUDA STREQUAL "OFF")
+  message(STATUS "CUDA module: off (JAX_TILED_CUDA=OFF)")
+  return()
+endif()
+
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  if(JAX_TILED_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "JAX_TILED_CUDA=ON but no CUDA compiler (nvcc) was found. "
+                        "Put nvcc on PATH or set CMAKE_CUDA_COMPILER, or build with JAX_TILED_CUDA=OFF.")
+  endif()
+  message(STATUS "CUDA module: skipped (no nvcc found; JAX_TILED_CUDA=AUTO)")
+  return()
+endif()
+
+# Ampere (mma.sync, cp.async) and Hopper with its arch-specific features
+# (wgmma, setmaxnreg) unless the user or CUDAARCHS says otherwise.
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+  set(CMAKE_CUDA_ARCHITECTURES 80 90a)
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+message(STATUS "CUDA module: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
+
+# Kernels and the FFI handler are compiled by nvcc into a static library; the
+# nanobind module itself is plain C++ and only hands out the handler symbols.
+add_library(jax_tiled_cuda_kernels STATIC cpp/cuda/matmul.cu)
+target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp "${XLA_FFI_INCLUDE_DIR}")
+set_target_properties(jax_tiled_cuda_kernels PROPERTIES
+  POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
+target_compile_options(jax_tiled_cuda_kernels PRIVATE
+  $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
+
+nanobind_add_module(_cuda NB_STATIC cpp/cuda/module.cc)
+target_include_directories(_cuda PRIVATE cpp "${XLA_FFI_INCLUDE_DIR}")
+# Static cudart: the module imports on machines without a GPU driver (CI), and
+# the runtime resolves libcuda only when a kernel is first launched.
+target_link_libraries(_cuda PRIVATE jax_tiled_cuda_kernels CUDA::cudart_static)
+install(TARGETS _cuda LIBRARY DESTINATION .)

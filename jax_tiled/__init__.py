@@ -1,0 +1,12 @@
+"""jax_tiled: hand-written tiled matrix-multiply kernels (CUDA and CPU) as a JAX primitive.
+
+    import jax_tiled
+    c = jax_tiled.matmul(a, b)        # jnp.matmul semantics, this package's kernels
+    jax_tiled.kernels()               # kernel rungs usable on the default backend
+"""
+
+from jax_tiled._matmul import kernels, matmul
+from jax_tiled._primitive import tiled_matmul_p
+
+__all__ = ["kernels", "matmul", "tiled_matmul_p"]
+__version__ = "0.1.0"

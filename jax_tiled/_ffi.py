@@ -1,0 +1,49 @@
+"""Load the compiled extension modules and register their FFI targets with XLA.
+
+The CPU module is always built; the CUDA module exists only where the package
+was built with nvcc. Each module reports the kernel rungs it carries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import functools
+
+import jax
+
+# platform name as jax.ffi.register_ffi_target spells it -> extension module
+_MODULES = {"cpu": "jax_tiled._cpu", "CUDA": "jax_tiled._cuda"}
+
+# FFI target per lowering platform (as jax.ffi.ffi_lowering / mlir lowering name it)
+TARGETS = {"cpu": "tiled_matmul_cpu", "cuda": "tiled_matmul_cuda"}
+
+
+@functools.cache
+def _load(platform: str):
+    """The extension module for `platform`, with its targets registered, or None."""
+    try:
+        module = importlib.import_module(_MODULES[platform])
+    except ImportError:
+        if platform == "cpu":  # the CPU module is always built: its absence is a broken install
+            raise
+        return None
+    for name, capsule in module.registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform=platform)
+    return module
+
+
+def load_all() -> None:
+    for platform in _MODULES:
+        _load(platform)
+
+
+def cuda_module_built() -> bool:
+    return _load("CUDA") is not None
+
+
+def kernel_names(platform: str) -> tuple[str, ...]:
+    """Kernel rungs compiled for a lowering platform ('cpu' or 'cuda')."""
+    module = _load("cpu" if platform == "cpu" else "CUDA")
+    if module is None:
+        return ()
+    return tuple(name for name in module.kernels().split(",") if name)

@@ -1,0 +1,145 @@
+"""`jax_tiled.matmul`: `jnp.matmul` semantics on top of the canonical primitive.
+
+This module validates a product once, at trace time, and reduces it to the
+primitive's (B, M, K) x (B, K, N) form: 1-D operands get a unit axis, batch
+dimensions broadcast by NumPy rules and flatten into one (free for row-major
+arrays), and a batch that one zero stride cannot express is materialised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_tiled import _ffi
+from jax_tiled._primitive import PRECISION_CODES, SUPPORTED_DTYPES, tiled_matmul
+
+_SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+
+
+def _backend_platform(backend: str | None) -> str:
+    backend = jax.default_backend() if backend is None else backend
+    return {"gpu": "cuda"}.get(backend, backend)
+
+
+def kernels(backend: str | None = None) -> list[str]:
+    """Kernel rungs built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
+    jax's default backend). Any of them can be forced with `matmul(..., kernel=)`."""
+    platform = _backend_platform(backend)
+    if platform == "cuda":
+        try:
+            jax.devices("cuda")
+        except RuntimeError:
+            return []
+    elif platform != "cpu":
+        return []
+    return list(_ffi.kernel_names(platform))
+
+
+def _check_kernel(kernel) -> str:
+    if not isinstance(kernel, str):
+        raise TypeError(f"jax_tiled.matmul: kernel must be a string, got {kernel!r}")
+    known = {p: _ffi.kernel_names(p) for p in ("cpu", "cuda")}
+    if kernel != "auto" and not any(kernel in names for names in known.values()):
+        valid = "; ".join(f"on {p}: {['auto', *names]}" for p, names in known.items() if names)
+        raise ValueError(f"jax_tiled.matmul: unknown kernel {kernel!r}; valid {valid}")
+    return kernel
+
+
+def _one_precision(p) -> lax.Precision:
+    if isinstance(p, lax.Precision):
+        return p
+    if isinstance(p, str):
+        try:
+            return lax.Precision(p)
+        except ValueError:
+            pass
+    raise ValueError(
+        f"jax_tiled.matmul: unsupported precision {p!r}; use None, a lax.Precision, one of "
+        "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', or a pair of them")
+
+
+def canonical_precision(precision) -> lax.Precision:
+    """One lax.Precision for a product, honouring jax.default_matmul_precision.
+    A per-operand pair takes the more precise of the two, as XLA does."""
+    if precision is None:
+        precision = jax.config.jax_default_matmul_precision
+        if precision is None:
+            return lax.Precision.DEFAULT
+    if isinstance(precision, (tuple, list)):
+        if len(precision) != 2:
+            raise ValueError(f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}")
+        return max((_one_precision(p) for p in precision), key=PRECISION_CODES.__getitem__)
+    return _one_precision(precision)
+
+
+def _check_float(name: str, dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"jax_tiled.matmul: unsupported dtype {dtype.name} for {name}; "
+                        f"supported: {_SUPPORTED_NAMES}")
+    return dtype
+
+
+def _to_batch(x, x_batch, batch_shape, rows, cols):
+    """x of shape x_batch + (rows, cols) as (1 or B, rows, cols)."""
+    if math.prod(x_batch) == 1:
+        return x.reshape(1, rows, cols)
+    padded = (1,) * (len(batch_shape) - len(x_batch)) + tuple(x_batch)
+    if padded != tuple(batch_shape):
+        x = jnp.broadcast_to(x, (*batch_shape, rows, cols))
+    return x.reshape(math.prod(batch_shape), rows, cols)
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") -> jax.Array:
+    """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
+
+    Args:
+      a, b: float16, bfloat16, float32 or float64 arrays of rank >= 1 (mixed
+        dtypes promote as in `jnp.matmul`).
+      precision: None (honours `jax.default_matmul_precision`), a
+        `lax.Precision`, one of its string names, or a pair.
+      preferred_element_type: output dtype (default: the promoted input dtype).
+        Accumulation is float32, or float64 for float64.
+      kernel: "auto", or a rung from `jax_tiled.kernels()` to force it.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    _check_float("a", a.dtype)
+    _check_float("b", b.dtype)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError("jax_tiled.matmul: operands must have at least 1 dimension, got shapes "
+                         f"{a.shape} and {b.shape}")
+    dtype = _check_float("the promoted operands", jnp.result_type(a, b))
+    out_dtype = dtype if preferred_element_type is None else _check_float(
+        "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type))
+    precision = canonical_precision(precision)
+    kernel = _check_kernel(kernel)
+
+    a_vector, b_vector = a.ndim == 1, b.ndim == 1
+    a2 = a.reshape(1, -1) if a_vector else a
+    b2 = b.reshape(-1, 1) if b_vector else b
+    *a_batch, m, k = a2.shape
+    *b_batch, k_b, n = b2.shape
+    if k != k_b:
+        raise ValueError(f"jax_tiled.matmul: contracting dimensions differ: a{a.shape} has {k}, "
+                         f"b{b.shape} has {k_b}")
+    try:
+        batch_shape = np.broadcast_shapes(tuple(a_batch), tuple(b_batch))
+    except ValueError:
+        raise ValueError(f"jax_tiled.matmul: batch dimensions of a{a.shape} and b{b.shape} "
+                         "do not broadcast") from None
+
+    out = tiled_matmul(
+        _to_batch(a2.astype(dtype), a_batch, batch_shape, m, k),
+        _to_batch(b2.astype(dtype), b_batch, batch_shape, k, n),
+        out_dtype=out_dtype, precision=precision, kernel=kernel)
+    out = out.reshape(*batch_shape, m, n)
+    if a_vector:
+        out = out.reshape(*out.shape[:-2], n)
+    if b_vector:
+        out = out.reshape(out.shape[:-1])
+    return out

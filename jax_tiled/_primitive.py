@@ -1,0 +1,176 @@
+"""The `tiled_matmul` primitive: abstract eval, lowering, autodiff and batching.
+
+Canonical form, all arrays row-major:
+
+    a: (Ba, M, K), or (Ba, K, M) when transpose_a
+    b: (Bb, K, N), or (Bb, N, K) when transpose_b
+    result: (B, M, N) of out_dtype, with Ba, Bb in {1, B}
+
+A batch of 1 is broadcast by the kernel through a zero batch stride. Params
+(all static): transpose_a, transpose_b (bool), out_dtype (np.dtype),
+precision (lax.Precision), kernel (str: "auto" or a rung name).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_tiled import _ffi
+
+SUPPORTED_DTYPES = tuple(map(np.dtype, (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)))
+
+# lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).
+PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
+
+tiled_matmul_p = Primitive("tiled_matmul")
+_PARAMS = ("transpose_a", "transpose_b", "out_dtype", "precision", "kernel")
+
+
+def tiled_matmul(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None,
+                 precision=lax.Precision.DEFAULT, kernel="auto"):
+    """Binds the primitive on canonical operands (see the module docstring)."""
+    out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
+    return tiled_matmul_p.bind(a, b, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
+                               out_dtype=out_dtype, precision=precision, kernel=kernel)
+
+
+def problem_dims(a_shape, b_shape, transpose_a, transpose_b):
+    """(B, M, N, K) of a canonical problem, or a TypeError naming the shapes."""
+    if len(a_shape) != 3 or len(b_shape) != 3:
+        raise TypeError(f"tiled_matmul: operands must have rank 3, got shapes {a_shape} and {b_shape}")
+    ba, bb = a_shape[0], b_shape[0]
+    m, k = (a_shape[2], a_shape[1]) if transpose_a else (a_shape[1], a_shape[2])
+    n, kb = (b_shape[1], b_shape[2]) if transpose_b else (b_shape[2], b_shape[1])
+    if k != kb:
+        raise TypeError(
+            f"tiled_matmul: contracting dimensions differ: a{tuple(a_shape)} has K={k} and "
+            f"b{tuple(b_shape)} has K={kb} (transpose_a={transpose_a}, transpose_b={transpose_b})")
+    batch = max(ba, bb) if min(ba, bb) != 0 else 0
+    if ba not in (1, batch) or bb not in (1, batch):
+        raise TypeError(f"tiled_matmul: operand batches {ba} and {bb} must each be 1 or the same size")
+    return batch, m, n, k
+
+
+def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
+    for dtype in (a.dtype, b.dtype, out_dtype):
+        if np.dtype(dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"tiled_matmul: unsupported dtype {dtype}; supported: "
+                            f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"tiled_matmul: operand dtypes differ: {a.dtype} and {b.dtype}")
+    if precision not in PRECISION_CODES:
+        raise TypeError(f"tiled_matmul: precision must be a lax.Precision, got {precision!r}")
+    batch, m, n, _ = problem_dims(a.shape, b.shape, transpose_a, transpose_b)
+    return jax.core.ShapedArray((batch, m, n), out_dtype)
+
+
+def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
+    available = _ffi.kernel_names(platform)
+    if kernel != "auto" and kernel not in available:
+        raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
+                         f"valid: {['auto', *available]}")
+    del out_dtype  # carried by the result buffer's type
+    return jax.ffi.ffi_lowering(_ffi.TARGETS[platform])(
+        ctx, a, b,
+        transpose_a=np.bool_(transpose_a),
+        transpose_b=np.bool_(transpose_b),
+        precision=np.int32(PRECISION_CODES[precision]),
+        kernel=str(kernel))
+
+
+# ---- Autodiff: the product is bilinear, and each cotangent is another product ----
+
+def _accumulation_dtype(dtype) -> np.dtype:
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
+def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
+    """x @ y through the kernel, reduced over the batch when the operand whose
+    cotangent this is was broadcast (batch 1) against a larger batch."""
+    reduce = ct_aval.shape[0] == 1 and max(x.shape[0], y.shape[0]) > 1
+    product_dtype = _accumulation_dtype(ct_aval.dtype) if reduce else ct_aval.dtype
+    g = tiled_matmul_p.bind(x, y, out_dtype=product_dtype, **params)
+    if reduce:
+        g = jnp.sum(g, axis=0, keepdims=True)
+    return g.astype(ct_aval.dtype)
+
+
+def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
+    # op(a) = ct @ op(b)^T.  Stored a^T (transpose_a) = op(b) @ ct^T.
+    ct = ct.astype(b.dtype)
+    common = dict(out_dtype=a.aval.dtype, precision=precision, kernel=kernel)
+    if transpose_a:
+        return _cotangent_product(a.aval, b, ct, transpose_a=transpose_b, transpose_b=True, **common)
+    return _cotangent_product(a.aval, ct, b, transpose_a=False, transpose_b=not transpose_b, **common)
+
+
+def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
+    # op(b) = op(a)^T @ ct.  Stored b^T (transpose_b) = ct^T @ op(a).
+    ct = ct.astype(a.dtype)
+    common = dict(out_dtype=b.aval.dtype, precision=precision, kernel=kernel)
+    if transpose_b:
+        return _cotangent_product(b.aval, ct, a, transpose_a=True, transpose_b=transpose_a, **common)
+    return _cotangent_product(b.aval, a, ct, transpose_a=not transpose_a, transpose_b=False, **common)
+
+
+# ---- Batching: the vmapped axis joins the primitive's batch dimension ----
+
+def _batch(args, dims, **params):
+    a, b = args
+    a_dim, b_dim = dims
+    if a_dim is not batching.not_mapped:
+        a = jnp.moveaxis(a, a_dim, 0)
+    if b_dim is not batching.not_mapped:
+        b = jnp.moveaxis(b, b_dim, 0)
+    a_mapped = a_dim is not batching.not_mapped
+    b_mapped = b_dim is not batching.not_mapped
+    vmapped = (a if a_mapped else b).shape[0]
+    a_batch = a.shape[1] if a_mapped else a.shape[0]
+    b_batch = b.shape[1] if b_mapped else b.shape[0]
+    batch = max(a_batch, b_batch) if min(a_batch, b_batch) else 0
+
+    # vmap of a plain (batch 1) product over a only: one product with taller a.
+    if a_mapped and not b_mapped and not params["transpose_a"] and a_batch == 1 and b_batch == 1:
+        _, _, m, k = a.shape
+        out = tiled_matmul_p.bind(a.reshape(1, vmapped * m, k), b, **params)
+        return out.reshape(vmapped, 1, m, out.shape[-1]), 0
+
+    def merge(x, mapped, x_batch):
+        """(V, Bx, r, c) or unmapped (Bx, r, c) -> (V * B, r, c), or (1, r, c) when
+        x broadcasts over everything. Broadcasts one stride cannot express are
+        materialised."""
+        if not mapped and x_batch == 1:
+            return x
+        if not mapped:
+            x = x[None]
+        x = jnp.broadcast_to(x, (vmapped, batch, *x.shape[2:]))
+        return x.reshape(vmapped * batch, *x.shape[2:])
+
+    a = merge(a, a_mapped, a_batch)
+    b = merge(b, b_mapped, b_batch)
+    out = tiled_matmul_p.bind(a, b, **params)
+    return out.reshape(vmapped, batch, *out.shape[1:]), 0
+
+
+@functools.partial(jax.jit, static_argnames=tuple(_PARAMS))
+def _impl(a, b, **params):
+    return tiled_matmul_p.bind(a, b, **params)
+
+
+tiled_matmul_p.def_impl(_impl)
+tiled_matmul_p.def_abstract_eval(_abstract_eval)
+ad.defbilinear(tiled_matmul_p, _transpose_a, _transpose_b)
+batching.primitive_batchers[tiled_matmul_p] = _batch
+
+_ffi.load_all()
+mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
+if _ffi.cuda_module_built():
+    mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cuda"),
+                           platform="cuda")
