@@ -120,8 +120,8 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
     kernel = _check_kernel(kernel)
 
     a_vector, b_vector = a.ndim == 1, b.ndim == 1
-    a2 = a.reshape(1, -1) if a_vector else a
-    b2 = b.reshape(-1, 1) if b_vector else b
+    a2 = a.reshape(1, a.shape[0]) if a_vector else a
+    b2 = b.reshape(b.shape[0], 1) if b_vector else b
     *a_batch, m, k = a2.shape
     *b_batch, k_b, n = b2.shape
     if k != k_b:
@@ -133,10 +133,15 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
         raise ValueError(f"jax_tiled.matmul: batch dimensions of a{a.shape} and b{b.shape} "
                          "do not broadcast") from None
 
-    out = tiled_matmul(
-        _to_batch(a2.astype(dtype), a_batch, batch_shape, m, k),
-        _to_batch(b2.astype(dtype), b_batch, batch_shape, k, n),
-        out_dtype=out_dtype, precision=precision, kernel=kernel)
+    a2, b2 = a2.astype(dtype), b2.astype(dtype)
+    if math.prod(b_batch) == 1 and tuple(a_batch) == tuple(batch_shape):
+        # A batch of rows against one shared b is one taller product, free for
+        # row-major a; its weight gradient then contracts over batch and rows at once.
+        a3, b3 = a2.reshape(1, math.prod(batch_shape) * m, k), b2.reshape(1, k, n)
+    else:
+        a3 = _to_batch(a2, a_batch, batch_shape, m, k)
+        b3 = _to_batch(b2, b_batch, batch_shape, k, n)
+    out = tiled_matmul(a3, b3, out_dtype=out_dtype, precision=precision, kernel=kernel)
     out = out.reshape(*batch_shape, m, n)
     if a_vector:
         out = out.reshape(*out.shape[:-2], n)

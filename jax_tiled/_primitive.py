@@ -95,6 +95,11 @@ def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     """x @ y through the kernel, reduced over the batch when the operand whose
     cotangent this is was broadcast (batch 1) against a larger batch."""
     reduce = ct_aval.shape[0] == 1 and max(x.shape[0], y.shape[0]) > 1
+    if reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]:
+        # Both operands are stored with the contracted axis as rows, so the batch
+        # joins the contraction for free: one product, no batched partial sums.
+        rows = lambda z: z.reshape(1, z.shape[0] * z.shape[1], z.shape[2])
+        x, y, reduce = rows(x), rows(y), False
     product_dtype = _accumulation_dtype(ct_aval.dtype) if reduce else ct_aval.dtype
     g = tiled_matmul_p.bind(x, y, out_dtype=product_dtype, **params)
     if reduce:
@@ -125,12 +130,12 @@ def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, ke
 def _batch(args, dims, **params):
     a, b = args
     a_dim, b_dim = dims
-    if a_dim is not batching.not_mapped:
+    if a_dim is not None:
         a = jnp.moveaxis(a, a_dim, 0)
-    if b_dim is not batching.not_mapped:
+    if b_dim is not None:
         b = jnp.moveaxis(b, b_dim, 0)
-    a_mapped = a_dim is not batching.not_mapped
-    b_mapped = b_dim is not batching.not_mapped
+    a_mapped = a_dim is not None
+    b_mapped = b_dim is not None
     vmapped = (a if a_mapped else b).shape[0]
     a_batch = a.shape[1] if a_mapped else a.shape[0]
     b_batch = b.shape[1] if b_mapped else b.shape[0]

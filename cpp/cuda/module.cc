@@ -1,0 +1,17 @@
+// nanobind module `jax_tiled._cuda`: the CUDA FFI targets and kernel names.
+// Plain C++ with no CUDA headers: the kernels live in the nvcc-built library.
+#include <nanobind/nanobind.h>
+
+#include "cuda/matmul.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_cuda, m) {
+  m.def("registrations", [] {
+    nb::dict targets;
+    targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
+    return targets;
+  }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
+  m.def("kernels", [] { return nb::str(jax_tiled::cuda::kKernelNames); },
+        "Comma-separated names of the kernels this module runs.");
+}

@@ -1,0 +1,119 @@
+"""Shared fixtures: the platforms under test, GPU gating, references and tolerances.
+
+Every test that takes the `platform` fixture runs once per platform: on "cpu"
+always, and on "cuda" as a test marked `gpu`. Without a GPU those skip, unless
+JAX_TILED_REQUIRE_GPU=1, which turns the skip into a failure so that a GPU run
+cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tiled
+
+REQUIRE_GPU = os.environ.get("JAX_TILED_REQUIRE_GPU") == "1"
+
+
+def gpu_available() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _gpu_gate(request):
+    if request.node.get_closest_marker("gpu") and not gpu_available():
+        if REQUIRE_GPU:
+            pytest.fail("JAX_TILED_REQUIRE_GPU=1 but jax sees no CUDA device")
+        pytest.skip("needs a CUDA GPU")
+
+
+PLATFORMS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=PLATFORMS)
+def platform(request):
+    """Runs the test with jax's default device on this platform."""
+    with jax.default_device(jax.devices(request.param)[0]):
+        yield request.param
+
+
+def kernels_on(platform: str) -> list[str]:
+    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform)
+    assert names, f"no kernels usable on {platform}"
+    return ["auto", *names]
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded from the test's name so failures reproduce."""
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+@contextlib.contextmanager
+def x64():
+    """float64 enabled inside the block."""
+    with jax.enable_x64(True):
+        yield
+
+
+def random_array(rng, shape, dtype, *, integers=False):
+    """Random normal (or small-integer) values, exactly representable in dtype."""
+    if integers:
+        x = rng.integers(-8, 9, size=shape).astype(np.float64)
+    else:
+        x = rng.standard_normal(shape)
+    x = np.asarray(x, dtype=dtype)
+    if x.size and not integers:
+        assert np.any(x != 0)
+    return x
+
+
+EPS = {np.dtype(jnp.float16): 2.0**-11, np.dtype(jnp.bfloat16): 2.0**-8,
+       np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
+
+
+def input_rounding(platform, dtype, precision) -> float:
+    """Relative rounding of each operand before the products, by precision."""
+    if platform == "cuda" and np.dtype(dtype) == np.float32:
+        if precision in (None, lax.Precision.DEFAULT, "default"):
+            return 2.0**-11  # TF32 keeps 10 mantissa bits
+        if precision in (lax.Precision.HIGH, "high"):
+            return 2.0**-21  # 3xTF32: the dropped lo*lo term
+    return 0.0
+
+
+def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=None):
+    """Checks every element of `out` against a float64 product of a and b.
+
+    Elementwise bound: K accumulation roundings of the accumulator type plus the
+    operand rounding of the precision mode, relative to |a| @ |b|, plus one
+    rounding of the output type relative to |ref|.
+    """
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ref = np.matmul(a64, b64)
+    mag = np.matmul(np.abs(a64), np.abs(b64))
+    out = np.asarray(out)
+    in_dtype = jnp.promote_types(a.dtype, b.dtype)
+    out_dtype = np.dtype(out_dtype or in_dtype)
+    assert out.dtype == out_dtype, (out.dtype, out_dtype)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    k = a.shape[-1]
+    acc_eps = EPS[np.dtype(np.float64)] if np.float64 in (in_dtype, out_dtype) else EPS[np.dtype(np.float32)]
+    bound = (k + 2) * acc_eps + 2 * input_rounding(platform, in_dtype, precision)
+    tol = bound * mag + EPS[out_dtype] * np.abs(ref) + 1e-30
+    err = np.abs(out.astype(np.float64) - ref)
+    assert np.all(np.isfinite(out)), "non-finite output"
+    bad = err > tol
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} elements off; worst at {np.unravel_index(np.argmax(err - tol), err.shape)}: "
+        f"err {err.max():.3g}, tol there {tol.flat[np.argmax(err - tol)]:.3g}")

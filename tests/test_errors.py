@@ -1,0 +1,115 @@
+"""Bad input fails early and says what is wrong: trace-time TypeError/ValueError
+from the API and the primitive, an ffi::Error (not an abort) from the handlers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tiled
+from conftest import gpu_available
+
+A = jnp.ones((3, 4), jnp.float32)
+B = jnp.ones((4, 5), jnp.float32)
+
+
+def test_contracting_mismatch_names_both_sizes():
+    with pytest.raises((TypeError, ValueError), match=r"a\(3, 4\) has 4.*b\(5, 6\) has 5"):
+        jax.jit(jax_tiled.matmul)(A, jnp.ones((5, 6)))
+
+
+def test_contracting_mismatch_vector():
+    with pytest.raises((TypeError, ValueError), match=r"has 4.*has 3"):
+        jax_tiled.matmul(A, jnp.ones((3,)))
+
+
+def test_rank0_operands():
+    with pytest.raises(ValueError, match=r"at least 1 dimension.*\(\)"):
+        jax_tiled.matmul(jnp.float32(2.0), B)
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        jax_tiled.matmul(A, 3.0)
+
+
+@pytest.mark.parametrize("bad", [jnp.int32, jnp.int8, jnp.bool_, jnp.complex64, jnp.uint8],
+                         ids=lambda d: np.dtype(d).name)
+def test_non_float_dtypes(bad):
+    x = jnp.ones((3, 4), bad)
+    with pytest.raises(TypeError, match=np.dtype(bad).name):
+        jax_tiled.matmul(x, B)
+    with pytest.raises(TypeError, match=np.dtype(bad).name):
+        jax_tiled.matmul(A, jnp.ones((4, 5), bad))
+
+
+def test_bad_preferred_element_type():
+    with pytest.raises(TypeError, match="int32"):
+        jax_tiled.matmul(A, B, preferred_element_type=jnp.int32)
+
+
+def test_batch_dims_that_do_not_broadcast():
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\).*\(5, 4, 6\)"):
+        jax_tiled.matmul(jnp.ones((2, 3, 4)), jnp.ones((5, 4, 6)))
+
+
+def test_unknown_kernel_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"'nope'.*'auto'.*'blocked'"):
+        jax_tiled.matmul(A, B, kernel="nope")
+
+
+@pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA rungs")
+def test_kernel_unavailable_on_platform():
+    cuda_only = [k for k in jax_tiled._ffi.kernel_names("cuda") if k not in jax_tiled.kernels("cpu")]
+    if not cuda_only:
+        pytest.skip("this build has no CUDA module")
+    with pytest.raises(ValueError, match="not available on cpu"):
+        jax.jit(lambda a, b: jax_tiled.matmul(a, b, kernel=cuda_only[0]))(A, B)
+
+
+@pytest.mark.parametrize("bad", ["fast", "HIGHEST", 3, ("default",)], ids=str)
+def test_bad_precision(bad):
+    with pytest.raises(ValueError, match="precision"):
+        jax_tiled.matmul(A, B, precision=bad)
+
+
+def test_primitive_checks_its_operands():
+    bind = lambda a, b, **kw: jax_tiled.tiled_matmul_p.bind(
+        a, b, **{"transpose_a": False, "transpose_b": False, "out_dtype": np.dtype(np.float32),
+                 "precision": lax.Precision.DEFAULT, "kernel": "auto", **kw})
+    with pytest.raises(TypeError, match="rank 3"):
+        bind(A, B)
+    with pytest.raises(TypeError, match="K=4.*K=5"):
+        bind(A[None], jnp.ones((1, 5, 5)))
+    with pytest.raises(TypeError, match="batches 2 and 3"):
+        bind(jnp.ones((2, 3, 4)), jnp.ones((3, 4, 5)))
+    with pytest.raises(TypeError, match="differ: float32 and bfloat16"):
+        bind(A[None], B[None].astype(jnp.bfloat16))
+    with pytest.raises(TypeError, match="int32"):
+        bind(A[None], B[None], out_dtype=np.dtype(np.int32))
+
+
+def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0):
+    return jax.ffi.ffi_call("tiled_matmul_cpu", jax.ShapeDtypeStruct(out_shape, out_dtype))(
+        a, b, transpose_a=np.bool_(False), transpose_b=np.bool_(False),
+        precision=np.int32(precision), kernel=kernel)
+
+
+@pytest.mark.parametrize("case,pattern", [
+    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 5, 6)), out_shape=(1, 3, 6)),
+     "contracting dimensions differ"),
+    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 7)), "does not match"),
+    (dict(a=jnp.ones((2, 3, 4)), b=jnp.ones((3, 4, 6)), out_shape=(2, 3, 6)), "must each be 1"),
+    (dict(a=jnp.ones((3, 4)), b=jnp.ones((4, 6)), out_shape=(3, 6)), "rank 3"),
+    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), kernel="smem"),
+     "unknown CPU kernel 'smem'"),
+    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), precision=7),
+     "precision"),
+    (dict(a=jnp.ones((1, 3, 4), jnp.int32), b=jnp.ones((1, 4, 6), jnp.int32), out_shape=(1, 3, 6)),
+     "dtypes must be"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_handler_returns_ffi_errors(case, pattern):
+    """Past the Python checks, the C++ handler still validates and reports, never aborts."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        with pytest.raises(Exception, match=pattern):
+            jax.block_until_ready(_call_handler(**case))
