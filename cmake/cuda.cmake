@@ -30,14 +30,16 @@ message(STATUS "CUDA module: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectu
 # Kernels and the FFI handler are compiled by nvcc into a static library; the
 # nanobind module itself is plain C++ and only hands out the handler symbols.
 add_library(jax_tiled_cuda_kernels STATIC cpp/cuda/matmul.cu)
-target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp "${XLA_FFI_INCLUDE_DIR}")
+target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp)
+target_include_directories(jax_tiled_cuda_kernels SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 set_target_properties(jax_tiled_cuda_kernels PROPERTIES
   POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
 target_compile_options(jax_tiled_cuda_kernels PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo --expt-relaxed-constexpr>)
 
 nanobind_add_module(_cuda NB_STATIC cpp/cuda/module.cc)
-target_include_directories(_cuda PRIVATE cpp "${XLA_FFI_INCLUDE_DIR}")
+target_include_directories(_cuda PRIVATE cpp)
+target_include_directories(_cuda SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 # Static cudart: the module imports on machines without a GPU driver (CI), and
 # the runtime resolves libcuda only when a kernel is first launched.
 target_link_libraries(_cuda PRIVATE jax_tiled_cuda_kernels CUDA::cudart_static)

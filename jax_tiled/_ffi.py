@@ -23,9 +23,12 @@ def _load(platform: str):
     """The extension module for `platform`, with its targets registered, or None."""
     try:
         module = importlib.import_module(_MODULES[platform])
-    except ImportError:
-        if platform == "cpu":  # the CPU module is always built: its absence is a broken install
-            raise
+    except ImportError as error:
+        if platform == "cpu":  # always built: without it the package is not installed
+            raise ImportError(
+                f"jax_tiled's compiled CPU module is missing ({error}). Install the package "
+                f"with `pip install .`, and import it from outside the source tree "
+                f"(this jax_tiled is {__file__}).") from error
         return None
     for name, capsule in module.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform=platform)

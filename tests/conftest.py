@@ -10,6 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+from pathlib import Path
+
+# `python -m pytest` puts the working directory first on sys.path; from the
+# repository root, the source tree's jax_tiled/ (which has no compiled modules)
+# would then shadow the installed package under test.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 import jax
 import jax.numpy as jnp

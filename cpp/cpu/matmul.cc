@@ -245,7 +245,9 @@ Acc* ThreadScratch(size_t count) {
 // Late tasks find no work and touch only the shared counters, never `body`.
 template <class Body>
 void ParallelFor(ffi::ThreadPool& pool, int64_t n, const Body& body) {
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
+  // The caller is one of the workers: asking the pool for all of its threads
+  // as well would put more workers than cores on the tiles.
+  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, n - 1);
   if (helpers <= 0) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;

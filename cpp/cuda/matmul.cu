@@ -3,16 +3,6 @@
 // The execute stage neither synchronises with the host nor allocates, so the
 // handler is safe to capture into a CUDA graph (the command-buffer trait).
 
-// Through nvcc, both its front end and the host compiler warn about XLA's FFI
-// headers (switches over every enum value read as missing returns,
-// always_inline on templates). They are not ours to fix; keep our build clean.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wreturn-type"
-#pragma nv_diag_suppress 940, 2473
-#include "xla/ffi/api/ffi.h"
-#pragma nv_diag_default 940, 2473
-#pragma GCC diagnostic pop
-
 #include "cuda/matmul.h"
 
 #include <cuda_bf16.h>

@@ -73,24 +73,24 @@ __device__ __forceinline__ void LoadTile(SharedTile<kTile, Acc>& tile, const In*
 // negative control); nothing else may select it.
 template <int kTile, class In, class Out, class Acc, bool kSkipSecondSync = false>
 __global__ void __launch_bounds__(kTile * kTile)
-    SmemTiledMatmul(MatmulDims d, const In* __restrict__ a, const In* __restrict__ b,
+    SmemTiledMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
                     Out* __restrict__ out) {
   __shared__ SharedTile<kTile, Acc> a_tile, b_tile;
-  const int64_t tiles_m = (d.m + kTile - 1) / kTile, tiles_n = (d.n + kTile - 1) / kTile;
+  const int64_t tiles_m = (dims.m + kTile - 1) / kTile, tiles_n = (dims.n + kTile - 1) / kTile;
 
   // Grid-stride loops: gridDim.y and gridDim.z stop at 65535, so one block may
   // own several batches or row tiles. The bounds depend only on blockIdx, so
   // the whole block takes the same trips and the barriers stay uniform.
-  for (int64_t batch = blockIdx.z; batch < d.batch; batch += gridDim.z) {
-    const In* a_batch = a + batch * d.a_batch_stride;
-    const In* b_batch = b + batch * d.b_batch_stride;
+  for (int64_t batch = blockIdx.z; batch < dims.batch; batch += gridDim.z) {
+    const In* a_batch = a + batch * dims.a_batch_stride;
+    const In* b_batch = b + batch * dims.b_batch_stride;
     for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
       for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
         const int64_t row0 = tile_m * kTile, col0 = tile_n * kTile;
         Acc acc{0};
-        for (int64_t k0 = 0; k0 < d.k; k0 += kTile) {
-          LoadTile<kTile>(a_tile, a_batch, d.lda, d.transpose_a, d.m, d.k, row0, k0);
-          LoadTile<kTile>(b_tile, b_batch, d.ldb, d.transpose_b, d.k, d.n, k0, col0);
+        for (int64_t k0 = 0; k0 < dims.k; k0 += kTile) {
+          LoadTile<kTile>(a_tile, a_batch, dims.lda, dims.transpose_a, dims.m, dims.k, row0, k0);
+          LoadTile<kTile>(b_tile, b_batch, dims.ldb, dims.transpose_b, dims.k, dims.n, k0, col0);
           __syncthreads();  // the tiles are complete before anyone reads them
 #pragma unroll
           for (int kk = 0; kk < kTile; ++kk) acc += a_tile[threadIdx.y][kk] * b_tile[kk][threadIdx.x];
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kTile * kTile)
           }
         }
         const int64_t row = row0 + threadIdx.y, col = col0 + threadIdx.x;
-        if (row < d.m && col < d.n)
-          out[batch * d.out_batch_stride + row * d.ldc + col] = FromAccumulator<Out>(acc);
+        if (row < dims.m && col < dims.n)
+          out[batch * dims.out_batch_stride + row * dims.ldc + col] = FromAccumulator<Out>(acc);
       }
     }
   }
@@ -109,14 +109,14 @@ __global__ void __launch_bounds__(kTile * kTile)
 // Launches on `stream` and returns the launch's error. The output must not be
 // empty (a zero-sized grid is a launch error).
 template <int kTile, class In, class Out, class Acc, bool kSkipSecondSync = false>
-cudaError_t LaunchSmemTiled(const MatmulDims& d, const In* a, const In* b, Out* out,
+cudaError_t LaunchSmemTiled(const MatmulDims& dims, const In* a, const In* b, Out* out,
                             cudaStream_t stream) {
   constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
-  const dim3 grid(static_cast<unsigned>(std::min((d.n + kTile - 1) / kTile, kMaxGridX)),
-                  static_cast<unsigned>(std::min((d.m + kTile - 1) / kTile, kMaxGridYZ)),
-                  static_cast<unsigned>(std::min(d.batch, kMaxGridYZ)));
+  const dim3 grid(static_cast<unsigned>(std::min((dims.n + kTile - 1) / kTile, kMaxGridX)),
+                  static_cast<unsigned>(std::min((dims.m + kTile - 1) / kTile, kMaxGridYZ)),
+                  static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
   const dim3 block(kTile, kTile);
-  SmemTiledMatmul<kTile, In, Out, Acc, kSkipSecondSync><<<grid, block, 0, stream>>>(d, a, b, out);
+  SmemTiledMatmul<kTile, In, Out, Acc, kSkipSecondSync><<<grid, block, 0, stream>>>(dims, a, b, out);
   return cudaGetLastError();
 }
 

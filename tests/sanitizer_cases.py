@@ -1,0 +1,66 @@
+"""Small odd-shaped products for compute-sanitizer (not a pytest module).
+
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool racecheck \\
+        --error-exitcode 1 python3 tests/sanitizer_cases.py smem
+
+runs the named CUDA rung on every dtype and both transposes, checking each
+result against float64 NumPy. `--racy` instead runs the planted race (the smem
+rung without its second barrier) through the FFI target directly, since the
+public API refuses that name: racecheck must report it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jax_tiled
+
+SHAPES = [(33, 17, 65), (1, 47, 9), (70, 3, 33)]  # (m, k, n)
+DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
+
+
+def run_rung(kernel: str) -> None:
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+        for (m, k, n), dtype, ta, tb in itertools.product(SHAPES, DTYPES, (False, True), (False, True)):
+            a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+            b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+            out = jax_tiled.tiled_matmul_p.bind(
+                jnp.asarray(a)[None], jnp.asarray(b)[None], transpose_a=ta, transpose_b=tb,
+                out_dtype=np.dtype(dtype), precision=lax.Precision.HIGHEST, kernel=kernel)[0]
+            ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 1e-5
+            np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(k))
+    print(f"{kernel}: {len(SHAPES) * len(DTYPES) * 4} products correct")
+
+
+def run_racy() -> None:
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((1, 64, 200)).astype(np.float32))
+    b = jnp.asarray(rng.standard_normal((1, 200, 64)).astype(np.float32))
+    call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 64, 64), jnp.float32))
+    out = call(a, b, transpose_a=np.bool_(False), transpose_b=np.bool_(False),
+               precision=np.int32(2), kernel="smem_racy_for_testing")
+    jax.block_until_ready(out)
+    print("racy kernel ran (racecheck should have reported hazards above)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernel", nargs="?", default="smem")
+    parser.add_argument("--racy", action="store_true")
+    args = parser.parse_args(argv)
+    assert jax.default_backend() == "gpu", "run this on a CUDA machine"
+    run_racy() if args.racy else run_rung(args.kernel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
