@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: build, full test suite with the GPU
+# required, compute-sanitizer on small odd shapes (plus the planted race), and
+# the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
+#   usage: [STEPS="tests sanitize bench"] tools/device_check.sh [bench args...]
+set -uo pipefail
+OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
+export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
+steps=${STEPS:-tests sanitize bench}
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
+
+if ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+fi
+note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+
+cd /tmp  # import the installed package, not the source tree
+repo=$OLDPWD
+
+if [[ " $steps " == *" tests "* ]]; then
+  JAX_TILED_REQUIRE_GPU=1 timeout 900 python3 -m pytest -q -p no:cacheprovider "$repo/tests" \
+    >"$OUT/tests.log" 2>&1
+  note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$? :: $(tail -1 "$OUT/tests.log")"
+fi
+
+if [[ " $steps " == *" sanitize "* ]]; then
+  export XLA_PYTHON_CLIENT_ALLOCATOR=platform
+  for tool in memcheck racecheck synccheck initcheck; do
+    for rung in smem smem16; do
+      timeout 600 compute-sanitizer --tool $tool --error-exitcode 1 \
+        python3 "$repo/tests/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1
+      note "compute-sanitizer $tool $rung: rc=$? :: $(grep -E 'ERROR SUMMARY|products correct' "$OUT/san_${tool}_$rung.log" | tr '\n' ' ')"
+    done
+  done
+  timeout 600 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 "$repo/tests/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
+  note "racecheck on the planted race (must be non-zero): rc=$? :: $(grep -E 'ERROR SUMMARY|hazard' "$OUT/san_racecheck_planted.log" | head -3 | tr '\n' ' ')"
+  unset XLA_PYTHON_CLIENT_ALLOCATOR
+fi
+
+if [[ " $steps " == *" bench "* ]]; then
+  python3 -m jax_tiled.bench "$@" --json "$OUT/bench.json" \
+    --plot "$OUT/bench.png" >"$OUT/bench.log" 2>"$OUT/bench.err"
+  note "bench: rc=$?"
+  cat "$OUT/bench.log"
+fi
+
+echo; printf '%s\n' "${summary[@]}"
