@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -18,43 +17,34 @@ import jax_tiled
 
 pytestmark = pytest.mark.gpu
 
-# A jitted loop whose body XLA may capture into a CUDA graph (command buffer):
-# our custom call must be inside it, which it only can be with the
-# command-buffer trait, and the loop's result must be right.
-COMMAND_BUFFER_SCRIPT = textwrap.dedent("""
-    import re, jax, jax.numpy as jnp, numpy as np, jax_tiled
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((96, 80)).astype(np.float32)
-    w = (rng.standard_normal((80, 80)) / 9).astype(np.float32)
-
-    def loop(a, w):
-        body = lambda i, x: jnp.tanh(jax_tiled.matmul(x, w, precision="highest")) * 1.5 + 0.1
-        return jax.lax.fori_loop(0, 4, body, a)
-
-    f = jax.jit(loop)
-    hlo = f.lower(a, w).compile().as_text()
-    computations = re.split(r"\\n\\s*\\n", hlo)
-    captured = [c for c in computations if "command_buffer" in c.split("\\n", 1)[0]
-                and "tiled_matmul_cuda" in c]
-    print("captured computations:", len(captured))
-    if not captured:
-        print(hlo)
-    x = a.astype(np.float64)
-    for _ in range(4):
-        x = np.tanh(x @ w) * 1.5 + 0.1
-    np.testing.assert_allclose(np.asarray(f(a, w)), x, rtol=1e-5, atol=1e-5)
-    assert captured, "tiled_matmul_cuda was not captured into a command buffer"
-    print("OK")
-""")
+def _captured_custom_calls(thunk_sequence: str) -> int:
+    """Custom-call thunks nested (indented) under a command-buffer thunk."""
+    count, buffer_indent = 0, None
+    for line in thunk_sequence.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if buffer_indent is not None and indent <= buffer_indent:
+            buffer_indent = None
+        if "kCommandBuffer" in line:
+            buffer_indent = indent
+        elif buffer_indent is not None and "kCustomCall" in line:
+            count += 1
+    return count
 
 
 def test_custom_call_is_captured_into_a_cuda_graph(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"
-                        " --xla_gpu_graph_min_graph_size=1").strip()
-    result = subprocess.run([sys.executable, "-c", COMMAND_BUFFER_SCRIPT], env=env, cwd=tmp_path,
+                        f" --xla_gpu_graph_min_graph_size=1 --xla_dump_to={tmp_path}").strip()
+    script = os.path.join(os.path.dirname(__file__), "command_buffer_case.py")
+    result = subprocess.run([sys.executable, script], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    error = float(re.search(r"max error (\S+)", result.stdout).group(1))
+    assert error < 1e-5
+    dumps = list(tmp_path.glob("*jit_loop*thunk_sequence_after_thunk_passes.txt"))
+    assert dumps, sorted(p.name for p in tmp_path.iterdir())
+    sequence = dumps[0].read_text()
+    assert _captured_custom_calls(sequence) == 1, sequence
 
 
 def test_operand_over_2_31_elements():
