@@ -17,6 +17,7 @@ import jax_tiled
 
 pytestmark = pytest.mark.gpu
 
+
 def _captured_custom_calls(thunk_sequence: str) -> int:
     """Custom-call thunks nested (indented) under a command-buffer thunk."""
     count, buffer_indent = 0, None
