@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_tiled import _ffi
+from jax_tiled import _ffi, _sharding
 from jax_tiled._primitive import PRECISION_CODES, SUPPORTED_DTYPES, tiled_matmul
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
@@ -134,9 +134,12 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
                          "do not broadcast") from None
 
     a2, b2 = a2.astype(dtype), b2.astype(dtype)
-    if math.prod(b_batch) == 1 and tuple(a_batch) == tuple(batch_shape):
+    a_batch_split = _sharding.batch_split(a2, len(a_batch))
+    _sharding.batch_split(b2, len(b_batch))
+    if math.prod(b_batch) == 1 and tuple(a_batch) == tuple(batch_shape) and not a_batch_split:
         # A batch of rows against one shared b is one taller product, free for
         # row-major a; its weight gradient then contracts over batch and rows at once.
+        # (Not where explicit mesh axes split the batch: jax cannot type that merge.)
         a3, b3 = a2.reshape(1, math.prod(batch_shape) * m, k), b2.reshape(1, k, n)
     else:
         a3 = _to_batch(a2, a_batch, batch_shape, m, k)

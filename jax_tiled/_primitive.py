@@ -22,7 +22,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tiled import _ffi
+from jax_tiled import _ffi, _sharding
 
 SUPPORTED_DTYPES = tuple(map(np.dtype, (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)))
 
@@ -37,6 +37,7 @@ def tiled_matmul(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None,
                  precision=lax.Precision.DEFAULT, kernel="auto"):
     """Binds the primitive on canonical operands (see the module docstring)."""
     out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
+    a, b = _sharding.match_varying(a, b)
     return tiled_matmul_p.bind(a, b, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
                                out_dtype=out_dtype, precision=precision, kernel=kernel)
 
@@ -68,7 +69,7 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
     if precision not in PRECISION_CODES:
         raise TypeError(f"tiled_matmul: precision must be a lax.Precision, got {precision!r}")
     batch, m, n, _ = problem_dims(a.shape, b.shape, transpose_a, transpose_b)
-    return jax.core.ShapedArray((batch, m, n), out_dtype)
+    return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
 
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
@@ -76,13 +77,10 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     if kernel != "auto" and kernel not in available:
         raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
                          f"valid: {['auto', *available]}")
-    del out_dtype  # carried by the result buffer's type
-    return jax.ffi.ffi_lowering(_ffi.TARGETS[platform])(
-        ctx, a, b,
-        transpose_a=np.bool_(transpose_a),
-        transpose_b=np.bool_(transpose_b),
-        precision=np.int32(PRECISION_CODES[precision]),
-        kernel=str(kernel))
+    del out_dtype  # carried by the result's aval
+    return _sharding.lowering(ctx, a, b, target=_ffi.TARGETS[platform], transpose_a=transpose_a,
+                              transpose_b=transpose_b, precision=PRECISION_CODES[precision],
+                              kernel=str(kernel))
 
 
 # ---- Autodiff: the product is bilinear, and each cotangent is another product ----
@@ -95,16 +93,18 @@ def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     """x @ y through the kernel, reduced over the batch when the operand whose
     cotangent this is was broadcast (batch 1) against a larger batch."""
     reduce = ct_aval.shape[0] == 1 and max(x.shape[0], y.shape[0]) > 1
-    if reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]:
+    if (reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]
+            and not (_sharding.batch_split(x) or _sharding.batch_split(y))):
         # Both operands are stored with the contracted axis as rows, so the batch
         # joins the contraction for free: one product, no batched partial sums.
+        # (Not where explicit mesh axes split the batch: jax cannot type that merge.)
         rows = lambda z: z.reshape(1, z.shape[0] * z.shape[1], z.shape[2])
         x, y, reduce = rows(x), rows(y), False
     product_dtype = _accumulation_dtype(ct_aval.dtype) if reduce else ct_aval.dtype
     g = tiled_matmul_p.bind(x, y, out_dtype=product_dtype, **params)
     if reduce:
         g = jnp.sum(g, axis=0, keepdims=True)
-    return g.astype(ct_aval.dtype)
+    return _sharding.like(g.astype(ct_aval.dtype), ct_aval)
 
 
 def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
@@ -175,6 +175,7 @@ ad.defbilinear(tiled_matmul_p, _transpose_a, _transpose_b)
 batching.primitive_batchers[tiled_matmul_p] = _batch
 
 _ffi.load_all()
+_sharding.register(tiled_matmul_p)
 mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
 if _ffi.cuda_module_built():
     mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cuda"),
