@@ -30,7 +30,7 @@ fi
 if [[ " $steps " == *" sanitize "* ]]; then
   export XLA_PYTHON_CLIENT_ALLOCATOR=platform
   for tool in memcheck racecheck synccheck initcheck; do
-    for rung in smem smem16; do
+    for rung in $(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))"); do
       extra=(); [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
       timeout 600 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 1 \
         python3 "$repo/tests/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1

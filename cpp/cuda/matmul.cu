@@ -9,11 +9,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "cuda/kernels/simt_warptiled.cuh"
 #include "cuda/kernels/smem_tiled.cuh"
 #include "ffi_common.h"
 #include "problem.h"
@@ -28,10 +31,12 @@ template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
 template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
 template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
 
-enum class Rung { kSmem32, kSmem16, kSmemRacy };
+enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kWarpTiled };
 
 std::optional<Rung> ParseKernel(std::string_view name) {
-  if (name == "auto" || name == "smem") return Rung::kSmem32;
+  if (name == "auto") return Rung::kAuto;
+  if (name == "smem") return Rung::kSmem32;
+  if (name == "warptile") return Rung::kWarpTiled;
   if (name == "smem16") return Rung::kSmem16;
   // Deliberately missing from kKernelNames: this is "smem" without its second
   // barrier, a known data race that the compute-sanitizer racecheck test runs
@@ -53,14 +58,40 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
+// Multiprocessors of the current device, read once per device: the launch
+// path must not pay for a driver query on every call.
+int MultiprocessorCount() {
+  static std::atomic<int> cached[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
+  int count = cached[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      count = 132;
+    cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// "auto": the fastest rung for the dtype. float64 would spill the warp-tiled
+// rung's 64 double accumulators, so it stays on the shared-memory rung.
+template <class In>
+Rung ChooseRung(Rung requested) {
+  if (requested != Rung::kAuto) return requested;
+  return std::is_same_v<In, double> ? Rung::kSmem16 : Rung::kWarpTiled;
+}
+
 template <class In, class Out, class Acc>
 cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out* out,
                    cudaStream_t stream) {
-  switch (rung) {
+  switch (ChooseRung<In>(rung)) {
     case Rung::kSmem32: return LaunchSmemTiled<32, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmem16: return LaunchSmemTiled<16, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmemRacy:
       return LaunchSmemTiled<32, In, Out, Acc, /*kSkipSecondSync=*/true>(d, a, b, out, stream);
+    case Rung::kWarpTiled:
+      return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, MultiprocessorCount());
+    case Rung::kAuto: break;
   }
   return cudaErrorInvalidValue;
 }

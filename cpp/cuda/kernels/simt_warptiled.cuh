@@ -1,0 +1,236 @@
+// Rung 2, "warptile": register-blocked, warp-tiled SIMT matmul with 16-byte
+// vector loads and a double-buffered global -> shared pipeline.
+//
+// What it fixes in rung 1 (see NOTES.md): there, every FMA needed two shared
+// loads. Here each thread owns an 8 x 8 block of the output (two 4 x 4 quads
+// in each direction), so per k step it reads 8 values of A and 8 of B with four
+// 16-byte shared loads and does 64 FMAs from registers. Warps own 32 x 64
+// sub-tiles laid out so that those loads are broadcasts or conflict-free.
+// Global loads for the next K slab are issued into registers before the
+// current slab's FMAs and land in the other shared buffer afterwards, so
+// memory latency hides behind arithmetic with one barrier per slab.
+//
+// Shared tiles are K-major (tile[k][x]) for both operands. An operand stored
+// with x contiguous (A transposed, B plain) is copied with vector stores; one
+// stored with k contiguous (A plain, B transposed) is transposed on the way in
+// by four scalar stores, into rows padded so those stores do not conflict.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/smem_tiled.cuh"  // MatmulDims, ToAccumulator, FromAccumulator
+
+namespace jax_tiled::cuda {
+
+// Block shape in warps (each warp computes 32 x 64), the K slab depth, and
+// how many blocks must fit on one SM (which caps registers per thread).
+template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_>
+struct WarpTileConfig {
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kSlab = kSlab_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kBlockM = 32 * kWarpsM, kBlockN = 64 * kWarpsN;
+};
+
+// Four consecutive accumulators in shared memory as 16-byte accesses (the
+// address is a multiple of 4 elements, and rows are 16-byte aligned).
+template <class Acc>
+__device__ __forceinline__ void LoadQuad(const Acc* p, Acc (&dst)[8], int at) {
+  if constexpr (sizeof(Acc) == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    dst[at] = v.x; dst[at + 1] = v.y; dst[at + 2] = v.z; dst[at + 3] = v.w;
+  } else {
+    const double2 lo = reinterpret_cast<const double2*>(p)[0];
+    const double2 hi = reinterpret_cast<const double2*>(p)[1];
+    dst[at] = lo.x; dst[at + 1] = lo.y; dst[at + 2] = hi.x; dst[at + 3] = hi.y;
+  }
+}
+
+template <class Acc>
+__device__ __forceinline__ void StoreQuad(Acc* p, const Acc (&src)[4]) {
+  if constexpr (sizeof(Acc) == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(src[0], src[1], src[2], src[3]);
+  } else {
+    reinterpret_cast<double2*>(p)[0] = make_double2(src[0], src[1]);
+    reinterpret_cast<double2*>(p)[1] = make_double2(src[2], src[3]);
+  }
+}
+
+// One operand's K slab: global (strided, any layout) -> registers -> shared.
+// x is the operand's free axis (M for A, N for B); the stored matrix has
+// element (x, k) at k_contiguous ? base[x * ld + k] : base[k * ld + x].
+template <int kX, int kSlab, int kThreads, class In, class Acc>
+struct SlabLoader {
+  static constexpr int kQuads = kX * kSlab / 4;  // groups of 4 contiguous elements
+  static constexpr int kPerThread = kQuads / kThreads;
+  static_assert(kQuads % kThreads == 0, "slab must split evenly over the threads");
+  static constexpr int kPad = 4;  // row padding (elements) for transposing stores
+  using Tile = Acc[kSlab][kX + kPad];
+  struct alignas(4 * sizeof(In)) Quad { In v[4]; };
+
+  const In* base;
+  int64_t ld, x_limit, k_limit;
+  bool k_contiguous, vector_ok;  // vector_ok: ld and base allow aligned Quad loads
+  Acc staged[kPerThread][4];
+
+  // Where quad q of the slab starts, as (x, k) offsets within the slab.
+  __device__ __forceinline__ void QuadOrigin(int q, int& x, int& k) const {
+    if (k_contiguous) { x = q / (kSlab / 4); k = q % (kSlab / 4) * 4; }
+    else { k = q / (kX / 4); x = q % (kX / 4) * 4; }
+  }
+
+  __device__ __forceinline__ void Fetch(int64_t x0, int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int x, k;
+      QuadOrigin(threadIdx.x + i * kThreads, x, k);
+      const int64_t gx = x0 + x, gk = k0 + k;
+      // A quad always runs along the stored contiguous axis: p[0..3].
+      const In* p = base + (k_contiguous ? gx * ld + gk : gk * ld + gx);
+      const bool whole = k_contiguous ? (gx < x_limit && gk + 3 < k_limit)
+                                      : (gk < k_limit && gx + 3 < x_limit);
+      if (whole && vector_ok) {
+        const Quad q = *reinterpret_cast<const Quad*>(p);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) staged[i][e] = ToAccumulator<Acc>(q.v[e]);
+      } else {  // matrix edge or unaligned: element by element, zeros outside
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool inside = k_contiguous ? (gx < x_limit && gk + e < k_limit)
+                                           : (gk < k_limit && gx + e < x_limit);
+          staged[i][e] = inside ? ToAccumulator<Acc>(p[e]) : Acc{0};
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void Store(Tile& tile) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int x, k;
+      QuadOrigin(threadIdx.x + i * kThreads, x, k);
+      if (k_contiguous) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile[k + e][x] = staged[i][e];
+      } else {
+        StoreQuad(&tile[k][x], staged[i]);
+      }
+    }
+  }
+};
+
+template <class Cfg, class In, class Out, class Acc>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    WarpTiledMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
+                    Out* __restrict__ out, bool a_vector_ok, bool b_vector_ok) {
+  using LoaderA = SlabLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, In, Acc>;
+  using LoaderB = SlabLoader<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads, In, Acc>;
+  __shared__ __align__(16) typename LoaderA::Tile a_tiles[2];
+  __shared__ __align__(16) typename LoaderB::Tile b_tiles[2];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Within a warp, lanes form 4 rows x 8 columns; each lane owns rows
+  // {4r..4r+3, 4r+16..4r+19} and columns {4c..4c+3, 4c+32..4c+35} of the
+  // warp's 32 x 64 tile. A-fragment loads are then broadcasts among the 8
+  // lanes of a row, and the B-fragment loads of 8 lanes cover 128 contiguous bytes.
+  const int warp_m = warp / Cfg::kWarpsN * 32, warp_n = warp % Cfg::kWarpsN * 64;
+  const int lane_m = lane / 8 * 4, lane_n = lane % 8 * 4;
+  const int64_t tiles_m = (dims.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t tiles_n = (dims.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
+
+  for (int64_t batch = blockIdx.z; batch < dims.batch; batch += gridDim.z) {
+    for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
+      for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
+        const int64_t row0 = tile_m * Cfg::kBlockM, col0 = tile_n * Cfg::kBlockN;
+        LoaderA load_a{a + batch * dims.a_batch_stride, dims.lda, dims.m, dims.k,
+                       !dims.transpose_a, a_vector_ok};
+        LoaderB load_b{b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k,
+                       dims.transpose_b, b_vector_ok};
+
+        Acc acc[8][8] = {};
+        load_a.Fetch(row0, 0);
+        load_b.Fetch(col0, 0);
+        load_a.Store(a_tiles[0]);
+        load_b.Store(b_tiles[0]);
+        __syncthreads();
+
+        for (int64_t slab = 0; slab < slabs; ++slab) {
+          const int cur = slab & 1;
+          const bool more = slab + 1 < slabs;
+          if (more) {  // in flight while the FMAs below run
+            load_a.Fetch(row0, (slab + 1) * Cfg::kSlab);
+            load_b.Fetch(col0, (slab + 1) * Cfg::kSlab);
+          }
+#pragma unroll
+          for (int k = 0; k < Cfg::kSlab; ++k) {
+            Acc af[8], bf[8];
+            LoadQuad(&a_tiles[cur][k][warp_m + lane_m], af, 0);
+            LoadQuad(&a_tiles[cur][k][warp_m + lane_m + 16], af, 4);
+            LoadQuad(&b_tiles[cur][k][warp_n + lane_n], bf, 0);
+            LoadQuad(&b_tiles[cur][k][warp_n + lane_n + 32], bf, 4);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+              for (int j = 0; j < 8; ++j) acc[i][j] += af[i] * bf[j];
+          }
+          if (more) {  // the other buffer was last read before the previous barrier
+            load_a.Store(a_tiles[cur ^ 1]);
+            load_b.Store(b_tiles[cur ^ 1]);
+          }
+          __syncthreads();
+        }
+
+        Out* out_batch = out + batch * dims.out_batch_stride;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t row = row0 + warp_m + lane_m + (i < 4 ? i : 12 + i);
+          if (row >= dims.m) continue;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int64_t col = col0 + warp_n + lane_n + (j < 4 ? j : 28 + j);
+            if (col < dims.n) out_batch[row * dims.ldc + col] = FromAccumulator<Out>(acc[i][j]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Shape-dependent block size: 128 x 128 blocks once they fill the GPU twice
+// over, else 64 x 64 ones, which quadruple the block count on small problems.
+// Two large blocks per SM (16 warps) need at most 128 registers a thread.
+using WarpTileLarge = WarpTileConfig<4, 2, 8, 2>;
+using WarpTileSmall = WarpTileConfig<2, 1, 8, 4>;
+
+template <class In>
+bool QuadAligned(const In* p, int64_t ld) {
+  return ld % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(In)) == 0;
+}
+
+template <class Cfg, class In, class Out, class Acc>
+cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b, Out* out,
+                                cudaStream_t stream) {
+  constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
+  const dim3 grid(
+      static_cast<unsigned>(std::min((dims.n + Cfg::kBlockN - 1) / Cfg::kBlockN, kMaxGridX)),
+      static_cast<unsigned>(std::min((dims.m + Cfg::kBlockM - 1) / Cfg::kBlockM, kMaxGridYZ)),
+      static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
+  WarpTiledMatmul<Cfg, In, Out, Acc><<<grid, Cfg::kThreads, 0, stream>>>(
+      dims, a, b, out, QuadAligned(a, dims.lda) && dims.a_batch_stride % 4 == 0,
+      QuadAligned(b, dims.ldb) && dims.b_batch_stride % 4 == 0);
+  return cudaGetLastError();
+}
+
+template <class In, class Out, class Acc>
+cudaError_t LaunchWarpTiled(const MatmulDims& dims, const In* a, const In* b, Out* out,
+                            cudaStream_t stream, int multiprocessors) {
+  const int64_t large_blocks = dims.batch * ((dims.m + 127) / 128) * ((dims.n + 127) / 128);
+  if (large_blocks >= 2 * multiprocessors)
+    return LaunchWarpTiledWith<WarpTileLarge, In, Out, Acc>(dims, a, b, out, stream);
+  return LaunchWarpTiledWith<WarpTileSmall, In, Out, Acc>(dims, a, b, out, stream);
+}
+
+}  // namespace jax_tiled::cuda
