@@ -134,8 +134,10 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
                          "do not broadcast") from None
 
     a2, b2 = a2.astype(dtype), b2.astype(dtype)
-    a_batch_split = _sharding.batch_split(a2, len(a_batch))
-    _sharding.batch_split(b2, len(b_batch))
+    # Explicit mesh axes may split only the first batch dimension (else this
+    # raises), or jax cannot type the flattening of the batch.
+    a_batch_split = _sharding.splits_batch(a2, len(a_batch))
+    _sharding.splits_batch(b2, len(b_batch))
     if math.prod(b_batch) == 1 and tuple(a_batch) == tuple(batch_shape) and not a_batch_split:
         # A batch of rows against one shared b is one taller product, free for
         # row-major a; its weight gradient then contracts over batch and rows at once.

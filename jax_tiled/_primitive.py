@@ -94,7 +94,7 @@ def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     cotangent this is was broadcast (batch 1) against a larger batch."""
     reduce = ct_aval.shape[0] == 1 and max(x.shape[0], y.shape[0]) > 1
     if (reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]
-            and not (_sharding.batch_split(x) or _sharding.batch_split(y))):
+            and not (_sharding.splits_batch(x) or _sharding.splits_batch(y))):
         # Both operands are stored with the contracted axis as rows, so the batch
         # joins the contraction for free: one product, no batched partial sums.
         # (Not where explicit mesh axes split the batch: jax cannot type that merge.)
@@ -104,7 +104,7 @@ def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     g = tiled_matmul_p.bind(x, y, out_dtype=product_dtype, **params)
     if reduce:
         g = jnp.sum(g, axis=0, keepdims=True)
-    return _sharding.like(g.astype(ct_aval.dtype), ct_aval)
+    return _sharding.reshard_like(g.astype(ct_aval.dtype), ct_aval)
 
 
 def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):

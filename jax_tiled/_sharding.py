@@ -11,12 +11,16 @@ through `custom_partitioning`:
 - `partition` turns the shardings it is offered into one assignment of mesh axes
   to the factors batch, M, N, K, and returns the per-device program: the FFI
   call on local blocks, then, where K is split, a sum over those mesh axes
-  (a reduce-scatter where the result is wanted sharded on them);
+  (a reduce-scatter where the result is wanted sharded on them; the padded
+  tail of a K its axes do not divide is zeroed first);
 - `infer_sharding_from_operands` answers the GSPMD partitioner
   (`jax_use_shardy_partitioner=False`) from the same assignment.
 
 With one device, or inside a fully manual `shard_map`, `custom_partitioning`
 lowers straight to the FFI call, so such programs see the plain custom call.
+Inside a `shard_map` manual over only some axes, jax offers the callbacks no
+mesh, so operands split over the remaining axes are gathered there (correct,
+not local).
 
 At trace time, under `AxisType.Explicit` axes the result's sharding is part of
 its type and follows `dot_general`'s rule, except that K sharded on both
@@ -53,9 +57,9 @@ def _batch(a_shape, b_shape) -> int:
     return a_shape[0] if b_shape[0] == 1 else b_shape[0]
 
 
-def _batch_m_n_k(product, a_shape, b_shape):
-    (_, am, ak), (_, _, bn) = _dims(product.transpose_a, product.transpose_b)
-    return _batch(a_shape, b_shape), a_shape[am], b_shape[bn], a_shape[ak]
+def _sizes(transpose_a, transpose_b, a_shape, b_shape) -> dict[str, int]:
+    (_, am, ak), (_, _, bn) = _dims(transpose_a, transpose_b)
+    return dict(batch=_batch(a_shape, b_shape), m=a_shape[am], n=b_shape[bn], k=a_shape[ak])
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -70,6 +74,8 @@ def _entry(axes: tuple[str, ...]):
 
 
 def _spec(sharding, ndim: int = 3) -> list[tuple[str, ...]]:
+    """Mesh axes per dimension. A sharding without a spec (a GSPMDSharding, which
+    partitioning offers where it knows no mesh) reads as replicated."""
     spec = tuple(getattr(sharding, "spec", None) or ())
     return [_axes(e) for e in spec + (None,) * (ndim - len(spec))]
 
@@ -148,7 +154,7 @@ def result_aval(a, b, shape, dtype, transpose_a: bool, transpose_b: bool):
     return a.update(shape=shape, dtype=dtype, weak_type=False, sharding=sharding)
 
 
-def like(x, aval):
+def reshard_like(x, aval):
     """x with aval's sharding type where explicit mesh axes make them differ: a
     cotangent must have its primal's type (dot_general's transposes ensure the
     same with out_sharding), such as a replicated weight's from a K-split product."""
@@ -157,7 +163,7 @@ def like(x, aval):
     return jax.sharding.reshard(x, aval.sharding)
 
 
-def batch_split(x, batch_ndim: int = 1) -> bool:
+def splits_batch(x, batch_ndim: int = 1) -> bool:
     """Whether explicit mesh axes split x's leading `batch_ndim` dimensions. jax
     can merge them into one only if no dimension after the first is split."""
     spec = _spec(jax.typeof(x).sharding, x.ndim)[:batch_ndim]
@@ -230,27 +236,34 @@ def _zero_k_padding(x, dim, k_axes, k_size):
 
 def _partition(product: Product, mesh, arg_shapes, result_shape):
     a, b = arg_shapes
+    flags = product.transpose_a, product.transpose_b
     assignment = _assign(product, mesh, a, b, result_shape.sharding)
+    sizes = _sizes(*flags, a.shape, b.shape)
     k_axes = assignment["k"]
+    k_split = math.prod(mesh.shape[x] for x in k_axes)
     out_axes = [assignment[f] for f in ("batch", "m", "n")]
     # Where the result is wanted split over K's axes on a dimension the product
     # leaves whole, reduce-scatter into that dimension instead of all-reducing.
     wanted = _spec(result_shape.sharding)
-    sizes = _batch_m_n_k(product, a.shape, b.shape)
-    scatter = next((d for d in range(3) if k_axes and not out_axes[d] and wanted[d] == k_axes
-                    and sizes[d] % math.prod(mesh.shape[x] for x in k_axes) == 0), None)
+    scatter = next((d for d, f in enumerate(("batch", "m", "n")) if k_axes and not out_axes[d]
+                    and wanted[d] == k_axes and sizes[f] % k_split == 0), None)
     if scatter is not None:
         out_axes[scatter] = k_axes
-
-    k_size, k_split = sizes[3], math.prod(mesh.shape[x] for x in k_axes)
-    (_, _, ak), (_, bk, _) = _dims(product.transpose_a, product.transpose_b)
+    (_, _, ak), (_, bk, _) = _dims(*flags)
 
     def lower_fn(a, b):
+        # Per-device code has no mesh: under the caller's explicit one, jax 0.8
+        # gives the all-reduce a sharded reduction body that XLA rejects.
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+            return local_product(a, b)
+
+    def local_product(a, b):
         if not k_axes:
             return _ffi_product(a, b, product, product.out_dtype)
-        if k_size % k_split:
+        if sizes["k"] % k_split:
             # The last blocks of an uneven K are padded with arbitrary values.
-            a, b = _zero_k_padding(a, ak, k_axes, k_size), _zero_k_padding(b, bk, k_axes, k_size)
+            a = _zero_k_padding(a, ak, k_axes, sizes["k"])
+            b = _zero_k_padding(b, bk, k_axes, sizes["k"])
         # Partial sums stay in the accumulation type until summed, so that a
         # 16-bit result is rounded once, as on one device.
         acc = np.float64 if product.out_dtype == np.float64 else np.float32
@@ -261,8 +274,7 @@ def _partition(product: Product, mesh, arg_shapes, result_shape):
             total = lax.psum_scatter(partial, k_axes, scatter_dimension=scatter, tiled=True)
         return total.astype(product.out_dtype)
 
-    a_spec, b_spec = _operand_specs(product.transpose_a, product.transpose_b,
-                                    a.shape, b.shape, assignment)
+    a_spec, b_spec = _operand_specs(*flags, a.shape, b.shape, assignment)
     named = lambda spec: NamedSharding(mesh, spec)
     return mesh, lower_fn, named(P(*map(_entry, out_axes))), (named(a_spec), named(b_spec))
 
@@ -302,8 +314,10 @@ def lowering(ctx, a, b, **product):
     """`tiled_matmul`'s lowering rule: the FFI call `target` behind the partitioning rule."""
     out_aval, = ctx.avals_out
     product = Product(out_dtype=np.dtype(out_aval.dtype), **product)
-    out, = mlir.lower_fun(lambda a, b: _partitioned(a, b, product), multiple_results=False)(
-        ctx, a, b)
+    def partitioned(a, b):
+        with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
+            return _partitioned(a, b, product)
+    out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
     # Under explicit axes, keep the sharding that abstract evaluation promised.
     return [mlir.lower_with_sharding_in_types(ctx, out, out_aval)]
 
