@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import zlib
 from pathlib import Path
 
 # Four CPU devices for tests/test_sharding.py; XLA reads this when jax starts.
@@ -68,7 +69,7 @@ def kernels_on(platform: str) -> list[str]:
 @pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's name so failures reproduce."""
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @contextlib.contextmanager

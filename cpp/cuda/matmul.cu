@@ -73,18 +73,21 @@ int MultiprocessorCount() {
   return count;
 }
 
-// "auto": the fastest rung for the dtype. float64 would spill the warp-tiled
-// rung's 64 double accumulators, so it stays on the shared-memory rung.
+// "auto": the fastest rung measured for the dtype and shape (NOTES.md).
+// float64 would spill the warp-tiled rung's 64 double accumulators, and with
+// fewer than 64 rows or columns its 64-wide tiles are mostly padding (an H200
+// ran 16 x 8192 x 8192 at 2.0 TFLOP/s on it, 4.2 on smem16).
 template <class In>
-Rung ChooseRung(Rung requested) {
+Rung ChooseRung(Rung requested, const MatmulDims& d) {
   if (requested != Rung::kAuto) return requested;
-  return std::is_same_v<In, double> ? Rung::kSmem16 : Rung::kWarpTiled;
+  if (std::is_same_v<In, double> || d.m < 64 || d.n < 64) return Rung::kSmem16;
+  return Rung::kWarpTiled;
 }
 
 template <class In, class Out, class Acc>
 cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out* out,
                    cudaStream_t stream) {
-  switch (ChooseRung<In>(rung)) {
+  switch (ChooseRung<In>(rung, d)) {
     case Rung::kSmem32: return LaunchSmemTiled<32, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmem16: return LaunchSmemTiled<16, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmemRacy:
