@@ -67,5 +67,5 @@ def test_operand_over_2_31_elements():
 
 def test_cuda_kernels_listed():
     names = jax_tiled.kernels("gpu")
-    assert {"smem", "smem16", "warptile"} <= set(names)
+    assert {"smem", "smem16", "regblock", "warptile"} <= set(names)
     assert "smem_racy_for_testing" not in names

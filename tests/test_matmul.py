@@ -51,9 +51,11 @@ def _edge_sizes(tile: int) -> list[int]:
     return [1, tile - 1, tile, tile + 1, 2 * tile + 1]
 
 
-# Tile sizes of the rungs: the CPU kernel's register (6/12 x 16/32) and cache
-# (96 x 256, 256 deep) blocks, the CUDA smem kernel's 16 and 32.
-EDGE_SIZES = sorted(set(_edge_sizes(16) + _edge_sizes(32) + _edge_sizes(96) + [255, 256, 257, 509, 510, 511]))
+# Tile sizes of the rungs: the CPU kernel's register (12 x 32) and cache (up
+# to 384 x 256, 256 deep) blocks; CUDA: smem's 16 and 32, regblock's 64,
+# warptile's 64 and 128 blocks and 8-deep slabs.
+EDGE_SIZES = sorted(set(_edge_sizes(16) + _edge_sizes(32) + _edge_sizes(64) + _edge_sizes(128)
+                        + [255, 256, 257, 383, 384, 385, 509, 510, 511]))
 
 
 @pytest.mark.parametrize("dim", ["m", "k", "n"])

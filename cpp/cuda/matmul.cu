@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "cuda/kernels/register_blocked.cuh"
 #include "cuda/kernels/simt_warptiled.cuh"
 #include "cuda/kernels/smem_tiled.cuh"
 #include "ffi_common.h"
@@ -31,11 +32,12 @@ template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
 template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
 template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
 
-enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kWarpTiled };
+enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kRegisterBlocked, kWarpTiled };
 
 std::optional<Rung> ParseKernel(std::string_view name) {
   if (name == "auto") return Rung::kAuto;
   if (name == "smem") return Rung::kSmem32;
+  if (name == "regblock") return Rung::kRegisterBlocked;
   if (name == "warptile") return Rung::kWarpTiled;
   if (name == "smem16") return Rung::kSmem16;
   // Deliberately missing from kKernelNames: this is "smem" without its second
@@ -92,6 +94,7 @@ cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out
     case Rung::kSmem16: return LaunchSmemTiled<16, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmemRacy:
       return LaunchSmemTiled<32, In, Out, Acc, /*kSkipSecondSync=*/true>(d, a, b, out, stream);
+    case Rung::kRegisterBlocked: return LaunchRegisterBlocked<In, Out, Acc>(d, a, b, out, stream);
     case Rung::kWarpTiled:
       return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, MultiprocessorCount());
     case Rung::kAuto: break;

@@ -5,7 +5,7 @@
 
 namespace jax_tiled::cuda {
 // Comma-separated, in the order jax_tiled.kernels("cuda") lists them.
-inline constexpr const char* kKernelNames = "smem,smem16,warptile";
+inline constexpr const char* kKernelNames = "smem,smem16,regblock,warptile";
 }  // namespace jax_tiled::cuda
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledMatmulCuda);
