@@ -50,3 +50,8 @@ def kernel_names(platform: str) -> tuple[str, ...]:
     if module is None:
         return ()
     return tuple(name for name in module.kernels().split(",") if name)
+
+
+def cuda_explain(dtype: str, batch: int, m: int, n: int, k: int, multiprocessors: int) -> str:
+    """The CUDA module's own account of what kernel="auto" runs (no GPU needed)."""
+    return _load("CUDA").explain_auto(dtype, batch, m, n, k, multiprocessors)

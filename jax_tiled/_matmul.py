@@ -8,6 +8,7 @@ arrays), and a batch that one zero stride cannot express is materialised.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -95,18 +96,21 @@ def _to_batch(x, x_batch, batch_shape, rows, cols):
     return x.reshape(math.prod(batch_shape), rows, cols)
 
 
-def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") -> jax.Array:
-    """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a product becomes besides its canonical operands."""
+    out_dtype: np.dtype
+    precision: lax.Precision
+    kernel: str
+    batch_shape: tuple[int, ...]
+    m: int
+    n: int
+    a_vector: bool
+    b_vector: bool
 
-    Args:
-      a, b: float16, bfloat16, float32 or float64 arrays of rank >= 1 (mixed
-        dtypes promote as in `jnp.matmul`).
-      precision: None (honours `jax.default_matmul_precision`), a
-        `lax.Precision`, one of its string names, or a pair.
-      preferred_element_type: output dtype (default: the promoted input dtype).
-        Accumulation is float32, or float64 for float64.
-      kernel: "auto", or a rung from `jax_tiled.kernels()` to force it.
-    """
+
+def _canonicalize(a, b, precision, preferred_element_type, kernel):
+    """Validates a product once and returns its canonical operands (a3, b3) and plan."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     _check_float("a", a.dtype)
     _check_float("b", b.dtype)
@@ -146,10 +150,59 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
     else:
         a3 = _to_batch(a2, a_batch, batch_shape, m, k)
         b3 = _to_batch(b2, b_batch, batch_shape, k, n)
-    out = tiled_matmul(a3, b3, out_dtype=out_dtype, precision=precision, kernel=kernel)
-    out = out.reshape(*batch_shape, m, n)
-    if a_vector:
-        out = out.reshape(*out.shape[:-2], n)
-    if b_vector:
+    return a3, b3, _Plan(out_dtype, precision, kernel, tuple(batch_shape), m, n, a_vector, b_vector)
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") -> jax.Array:
+    """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
+
+    Args:
+      a, b: float16, bfloat16, float32 or float64 arrays of rank >= 1 (mixed
+        dtypes promote as in `jnp.matmul`).
+      precision: None (honours `jax.default_matmul_precision`), a
+        `lax.Precision`, one of its string names, or a pair.
+      preferred_element_type: output dtype (default: the promoted input dtype).
+        Accumulation is float32, or float64 for float64.
+      kernel: "auto", or a rung from `jax_tiled.kernels()` to force it.
+    """
+    a3, b3, plan = _canonicalize(a, b, precision, preferred_element_type, kernel)
+    out = tiled_matmul(a3, b3, out_dtype=plan.out_dtype, precision=plan.precision,
+                       kernel=plan.kernel)
+    out = out.reshape(*plan.batch_shape, plan.m, plan.n)
+    if plan.a_vector:
+        out = out.reshape(*out.shape[:-2], plan.n)
+    if plan.b_vector:
         out = out.reshape(out.shape[:-1])
     return out
+
+
+def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
+            backend=None) -> str:
+    """Which kernel `matmul(a, b, ...)` runs on `backend` (default: jax's
+    default backend), and why. a and b may be arrays or jax.ShapeDtypeStructs."""
+    captured = {}
+
+    def canonical(a, b):
+        a3, b3, captured["plan"] = _canonicalize(a, b, precision, preferred_element_type, kernel)
+        return a3, b3
+
+    a3, b3 = jax.eval_shape(canonical, a, b)
+    plan = captured["plan"]
+    batch = max(a3.shape[0], b3.shape[0]) if min(a3.shape[0], b3.shape[0]) else 0
+    _, m, k = a3.shape
+    n = b3.shape[2]
+    platform = _backend_platform(backend)
+    head = (f"{platform}: {batch} x ({m} x {k}) @ ({k} x {n}), {a3.dtype.name} -> "
+            f"{plan.out_dtype.name}, precision {plan.precision.name}")
+    if plan.kernel != "auto":
+        return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
+    if platform == "cpu":
+        return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU rung"
+    if platform == "cuda" and _ffi.cuda_module_built():
+        try:
+            multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
+        except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
+            multiprocessors = 132
+        choice = _ffi.cuda_explain(a3.dtype.name, batch, m, n, k, multiprocessors)
+        return f"{head}: {choice}"
+    raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -75,28 +74,50 @@ int MultiprocessorCount() {
   return count;
 }
 
-// "auto": the fastest rung measured for the dtype and shape (NOTES.md).
-// float64 would spill the warp-tiled rung's 64 double accumulators, and with
-// fewer than 64 rows or columns its 64-wide tiles are mostly padding (an H200
-// ran 16 x 8192 x 8192 at 2.0 TFLOP/s on it, 4.2 on smem16).
-template <class In>
-Rung ChooseRung(Rung requested, const MatmulDims& d) {
-  if (requested != Rung::kAuto) return requested;
-  if (std::is_same_v<In, double> || d.m < 64 || d.n < 64) return Rung::kSmem16;
-  return Rung::kWarpTiled;
+const char* RungName(Rung rung) {
+  switch (rung) {
+    case Rung::kSmem32: return "smem";
+    case Rung::kSmem16: return "smem16";
+    case Rung::kSmemRacy: return "smem_racy_for_testing";
+    case Rung::kRegisterBlocked: return "regblock";
+    case Rung::kWarpTiled: return "warptile";
+    case Rung::kAuto: break;
+  }
+  return "auto";
+}
+
+struct AutoChoice {
+  Rung rung;
+  std::string reason;
+};
+
+// "auto": the fastest rung measured for the dtype and shape (NOTES.md), and
+// why; jax_tiled.explain reports the reason.
+AutoChoice ChooseAuto(ffi::DataType in_type, const MatmulDims& d, int multiprocessors) {
+  if (in_type == ffi::DataType::F64)
+    return {Rung::kSmem16, "float64: warptile would spill its 64 double accumulators per thread"};
+  if (d.m < 64 || d.n < 64)
+    return {Rung::kSmem16, "fewer than 64 rows or columns: warptile's 64-wide tiles would be "
+                           "mostly padding (16 x 8192 x 8192 ran 2.0 TFLOP/s there, 4.2 on "
+                           "smem16, H200)"};
+  if (WarpTileUsesLargeBlocks(d, multiprocessors))
+    return {Rung::kWarpTiled, "128 x 128 blocks of 8 warps: they fill the " +
+                                  std::to_string(multiprocessors) + " SMs at least twice"};
+  return {Rung::kWarpTiled, "64 x 64 blocks of 2 warps: 128 x 128 blocks would not fill the " +
+                                std::to_string(multiprocessors) + " SMs twice"};
 }
 
 template <class In, class Out, class Acc>
 cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out* out,
-                   cudaStream_t stream) {
-  switch (ChooseRung<In>(rung, d)) {
+                   cudaStream_t stream, int multiprocessors) {
+  switch (rung) {
     case Rung::kSmem32: return LaunchSmemTiled<32, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmem16: return LaunchSmemTiled<16, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmemRacy:
       return LaunchSmemTiled<32, In, Out, Acc, /*kSkipSecondSync=*/true>(d, a, b, out, stream);
     case Rung::kRegisterBlocked: return LaunchRegisterBlocked<In, Out, Acc>(d, a, b, out, stream);
     case Rung::kWarpTiled:
-      return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, MultiprocessorCount());
+      return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, multiprocessors);
     case Rung::kAuto: break;
   }
   return cudaErrorInvalidValue;
@@ -115,20 +136,39 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("zero fill failed", err);
   }
-  // The smem rung computes in true fp32 (or fp64) whatever the precision asks;
-  // that satisfies DEFAULT and HIGH too, which only permit cheaper arithmetic.
+  // Every rung so far computes in true fp32 (or fp64) whatever the precision
+  // asks; that satisfies DEFAULT and HIGH too, which only permit cheaper arithmetic.
+  const MatmulDims dims = ToDims(p);
+  const int multiprocessors = MultiprocessorCount();
+  const Rung chosen = *rung == Rung::kAuto ? ChooseAuto(p.in_type, dims, multiprocessors).rung : *rung;
   return VisitDtypes(p, [&](auto in_tag, auto out_tag) {
     using In = Storage<in_tag.value>;
     using Out = Storage<out_tag.value>;
     using Acc = Accumulator<in_tag.value, out_tag.value>;
     const cudaError_t err = Launch<In, Out, Acc>(
-        *rung, ToDims(p), static_cast<const In*>(a.untyped_data()),
-        static_cast<const In*>(b.untyped_data()), static_cast<Out*>(out->untyped_data()), stream);
+        chosen, dims, static_cast<const In*>(a.untyped_data()),
+        static_cast<const In*>(b.untyped_data()), static_cast<Out*>(out->untyped_data()), stream,
+        multiprocessors);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
   });
 }
 
 }  // namespace
+
+std::string ExplainAuto(std::string_view dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                        int multiprocessors) {
+  ffi::DataType in_type;
+  if (dtype == "float64") in_type = ffi::DataType::F64;
+  else if (dtype == "float32") in_type = ffi::DataType::F32;
+  else if (dtype == "float16") in_type = ffi::DataType::F16;
+  else if (dtype == "bfloat16") in_type = ffi::DataType::BF16;
+  else return "unsupported dtype " + std::string(dtype);
+  MatmulDims dims{};
+  dims.batch = batch, dims.m = m, dims.n = n, dims.k = k;
+  const AutoChoice choice = ChooseAuto(in_type, dims, multiprocessors);
+  return std::string(RungName(choice.rung)) + ": " + choice.reason;
+}
+
 }  // namespace jax_tiled::cuda
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

@@ -1,11 +1,20 @@
 // The CUDA FFI handler and the kernel names it accepts.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled::cuda {
 // Comma-separated, in the order jax_tiled.kernels("cuda") lists them.
 inline constexpr const char* kKernelNames = "smem,smem16,regblock,warptile";
+
+// "<rung>: <why>" for what kernel="auto" runs on a (batch, m, n, k) problem
+// with inputs of `dtype` (numpy's name) on a GPU with that many SMs.
+std::string ExplainAuto(std::string_view dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                        int multiprocessors);
 }  // namespace jax_tiled::cuda
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledMatmulCuda);

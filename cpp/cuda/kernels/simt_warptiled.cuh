@@ -224,11 +224,16 @@ cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b
   return cudaGetLastError();
 }
 
+inline bool WarpTileUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
+  const int64_t large_blocks = dims.batch * ((dims.m + WarpTileLarge::kBlockM - 1) / WarpTileLarge::kBlockM) *
+                               ((dims.n + WarpTileLarge::kBlockN - 1) / WarpTileLarge::kBlockN);
+  return large_blocks >= 2 * multiprocessors;
+}
+
 template <class In, class Out, class Acc>
 cudaError_t LaunchWarpTiled(const MatmulDims& dims, const In* a, const In* b, Out* out,
                             cudaStream_t stream, int multiprocessors) {
-  const int64_t large_blocks = dims.batch * ((dims.m + 127) / 128) * ((dims.n + 127) / 128);
-  if (large_blocks >= 2 * multiprocessors)
+  if (WarpTileUsesLargeBlocks(dims, multiprocessors))
     return LaunchWarpTiledWith<WarpTileLarge, In, Out, Acc>(dims, a, b, out, stream);
   return LaunchWarpTiledWith<WarpTileSmall, In, Out, Acc>(dims, a, b, out, stream);
 }
