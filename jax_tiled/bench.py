@@ -191,17 +191,22 @@ class Timing:
 
 def time_products(fn, sets, *, repeats: int, warmup: int, budget: Budget,
                   keep_first: bool) -> Timing:
-    """Median per-product wall time of one jitted function computing every pair."""
+    """Median per-product wall time of one jitted function computing every pair.
+    Calls are pipelined (dispatched back to back, blocked on once) until a sample
+    lasts about budget.sample_s, with their outputs within budget.max_bytes."""
     run = jax.jit(lambda pairs: [fn(a, b) for a, b in pairs])
     out = jax.block_until_ready(run(sets))  # compiles
     first = np.asarray(out[0]) if keep_first else None
+    out_bytes = sum(x.nbytes for x in out)
     del out
     elapsed = budget.sample_s
     for _ in range(max(1, warmup)):
         start = time.perf_counter()
         jax.block_until_ready(run(sets))
         elapsed = time.perf_counter() - start
-    calls = max(1, min(budget.max_calls, math.ceil(budget.sample_s / max(elapsed, 1e-9))))
+    calls = min(budget.max_calls, math.ceil(budget.sample_s / max(elapsed, 1e-9)),
+                budget.max_bytes // max(out_bytes, 1))
+    calls = max(1, calls)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -391,17 +396,18 @@ def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
 # Reports
 
 def geomeans(rows: list[Row]) -> list[dict]:
-    groups: dict[tuple[str, str, str], list[float]] = {}
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
         if not row.is_peer:
-            key = (row.dtype, row.precision, row.kernel)
-            groups.setdefault(key, [])
-            if row.ratio:
-                groups[key].append(row.ratio)
-    return [{"dtype": d, "precision": p, "kernel": k, "n": len(r),
-             "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
-             "min": min(r) if r else None, "below_0.8": sum(x < 0.8 for x in r)}
-            for (d, p, k), r in groups.items()]
+            groups.setdefault((row.dtype, row.precision, row.kernel), []).append(row)
+    summary = []
+    for (dtype, precision, kernel), group in groups.items():
+        r = [row.ratio for row in group if row.ratio]
+        summary.append({"dtype": dtype, "precision": precision, "kernel": kernel, "n": len(r),
+                        "failed": sum(row.error is not None for row in group),
+                        "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
+                        "min": min(r) if r else None, "below_0.8": sum(x < 0.8 for x in r)})
+    return summary
 
 
 def _fmt(value, spec: str) -> str:
@@ -411,7 +417,8 @@ def _fmt(value, spec: str) -> str:
 def _gbps_text(row: Row, hbm: float | None) -> str:
     if row.gbps is None:
         return ""
-    return f"{row.gbps:.0f}" + (f" ({100 * row.gbps / hbm:.0f}%)" if hbm else "")
+    text = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2f}"
+    return text + (f" ({100 * row.gbps / hbm:.0f}% HBM)" if hbm else "")
 
 
 def format_table(rows: list[Row], hbm: float | None) -> str:
@@ -427,8 +434,8 @@ def format_table(rows: list[Row], hbm: float | None) -> str:
     out = [line(head), line(["-" * w for w in widths])]
     for row in rows:
         if row.error:
-            first = _row_cells(row, hbm)[:5]
-            out.append(line(first + ("",) * 5).rstrip() + "  ERROR " + row.error.splitlines()[0][:100])
+            message = row.error.splitlines()[0][:100]
+            out.append(f"{line(cells[id(row)][:5])}  ERROR {message}")
         else:
             out.append(line(cells[id(row)]))
     return "\n".join(out)
@@ -448,7 +455,8 @@ def format_geomeans(summary: list[dict]) -> str:
     for g in summary:
         out.append(f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
                    f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
-                   f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x")
+                   f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
+                   + (f", {g['failed']} failed" if g["failed"] else ""))
     return "\n".join(out)
 
 
@@ -511,24 +519,30 @@ def write_json(path: str, info: dict, args, rows: list[Row], summary: list[dict]
 
 def write_plot(path: str, info: dict, rows: list[Row]) -> None:
     """TFLOP/s per shape, one bar per kernel and peer; one panel per dtype/precision."""
+    plt = pyplot()
+    panels = _plot_panels([row for row in rows if row.tflops is not None])
+    if not panels:
+        print("bench: nothing to plot (every row failed)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
+                             figsize=(max(8, 0.9 * _max_shapes(panels) + 3), 3.8 * len(panels)))
+    for ax, ((dtype, precision), prows) in zip(axes[:, 0], panels.items()):
+        _plot_panel(ax, prows, precision, f"{dtype}, precision {precision}")
+    fig.suptitle(f"jax_tiled vs {PEER} - {device_label(info)} - {info['date'][:16]}")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or a clear exit when it is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
-    panels = _plot_panels([row for row in rows if row.tflops is not None])
-    if not panels:
-        print("bench: nothing to plot (every row failed)", file=sys.stderr)
-        return
-    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
-                             figsize=(max(8, 0.9 * _max_shapes(panels) + 3), 3.8 * len(panels)))
-    for ax, ((dtype, precision), prows) in zip(axes[:, 0], panels.items()):
-        _plot_panel(ax, prows, precision, f"{dtype}, precision {precision}")
-    fig.suptitle(f"jax_tiled vs {PEER} - {device_label(info)} - {info['date'][:16]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        raise SystemExit("python -m jax_tiled.bench: --plot needs matplotlib "
+                         "(pip install matplotlib)") from None
+    return plt
 
 
 def _plot_panels(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
@@ -652,6 +666,8 @@ def main(argv=None) -> int:
                              ("CPU suite", CPU_SUITE), ("CPU --quick", CPU_QUICK)):
             print(f"{title}: {' '.join(names)}")
         return 0
+    if args.plot:
+        pyplot()  # fail before the run, not after it
     if "float64" in args.dtype:
         jax.config.update("jax_enable_x64", True)
     import jax_tiled
