@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/smem_tiled.cuh"  // MatmulDims, ToAccumulator, FromAccumulator
+#include "cuda/kernels/common.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -102,12 +102,8 @@ cudaError_t LaunchRegisterBlocked(const MatmulDims& dims, const In* a, const In*
                                   cudaStream_t stream) {
   constexpr int kBlock = 64, kDepth = 8, kThreadTile = 8;
   using Shape = RegisterBlockShape<kBlock, kDepth, kThreadTile>;
-  constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
-  const dim3 grid(static_cast<unsigned>(std::min((dims.n + kBlock - 1) / kBlock, kMaxGridX)),
-                  static_cast<unsigned>(std::min((dims.m + kBlock - 1) / kBlock, kMaxGridYZ)),
-                  static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
   RegisterBlockedMatmul<Shape, kBlock, kDepth, kThreadTile, In, Out, Acc>
-      <<<grid, Shape::kThreads, 0, stream>>>(dims, a, b, out);
+      <<<OutputTileGrid(dims, kBlock, kBlock), Shape::kThreads, 0, stream>>>(dims, a, b, out);
   return cudaGetLastError();
 }
 

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/smem_tiled.cuh"  // MatmulDims, ToAccumulator, FromAccumulator
+#include "cuda/kernels/common.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -213,11 +213,7 @@ bool QuadAligned(const In* p, int64_t ld) {
 template <class Cfg, class In, class Out, class Acc>
 cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b, Out* out,
                                 cudaStream_t stream) {
-  constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
-  const dim3 grid(
-      static_cast<unsigned>(std::min((dims.n + Cfg::kBlockN - 1) / Cfg::kBlockN, kMaxGridX)),
-      static_cast<unsigned>(std::min((dims.m + Cfg::kBlockM - 1) / Cfg::kBlockM, kMaxGridYZ)),
-      static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
+  const dim3 grid = OutputTileGrid(dims, Cfg::kBlockM, Cfg::kBlockN);
   WarpTiledMatmul<Cfg, In, Out, Acc><<<grid, Cfg::kThreads, 0, stream>>>(
       dims, a, b, out, QuadAligned(a, dims.lda) && dims.a_batch_stride % 4 == 0,
       QuadAligned(b, dims.ldb) && dims.b_batch_stride % 4 == 0);

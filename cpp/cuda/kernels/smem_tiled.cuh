@@ -9,42 +9,13 @@
 // Loads past the matrix edges write zeros, so the inner loop needs no guards.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <type_traits>
+
+#include "cuda/kernels/common.cuh"
 
 namespace jax_tiled::cuda {
-
-// The problem as a kernel sees it: plain 64-bit sizes and strides, no FFI types.
-// out[b] = op(A[b]) @ op(B[b]); op(A) is m x k, op(B) is k x n, all row-major.
-struct MatmulDims {
-  int64_t batch, m, n, k;
-  int64_t a_batch_stride, b_batch_stride, out_batch_stride;  // 0 = broadcast
-  int64_t lda, ldb, ldc;  // row strides of the matrices as stored
-  bool transpose_a, transpose_b;  // a stored (k, m), b stored (n, k)
-};
-
-// Widening a 16-bit float through float is exact: float holds every half and
-// bfloat16 value.
-template <class Acc, class T>
-__device__ __forceinline__ Acc ToAccumulator(T x) {
-  if constexpr (std::is_same_v<T, __half>) return static_cast<Acc>(__half2float(x));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<Acc>(__bfloat162float(x));
-  else return static_cast<Acc>(x);
-}
-
-// Narrowing to 16 bits goes through float too, as the CPU backend does, so the
-// two backends round a float64 accumulator identically.
-template <class T, class Acc>
-__device__ __forceinline__ T FromAccumulator(Acc x) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(x));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(x));
-  else return static_cast<T>(x);
-}
 
 // One padding column keeps a transposed store (threads walking a column) free
 // of bank conflicts; row reads in the inner loop are unaffected.
@@ -111,12 +82,9 @@ __global__ void __launch_bounds__(kTile * kTile)
 template <int kTile, class In, class Out, class Acc, bool kSkipSecondSync = false>
 cudaError_t LaunchSmemTiled(const MatmulDims& dims, const In* a, const In* b, Out* out,
                             cudaStream_t stream) {
-  constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
-  const dim3 grid(static_cast<unsigned>(std::min((dims.n + kTile - 1) / kTile, kMaxGridX)),
-                  static_cast<unsigned>(std::min((dims.m + kTile - 1) / kTile, kMaxGridYZ)),
-                  static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
   const dim3 block(kTile, kTile);
-  SmemTiledMatmul<kTile, In, Out, Acc, kSkipSecondSync><<<grid, block, 0, stream>>>(dims, a, b, out);
+  SmemTiledMatmul<kTile, In, Out, Acc, kSkipSecondSync>
+      <<<OutputTileGrid(dims, kTile, kTile), block, 0, stream>>>(dims, a, b, out);
   return cudaGetLastError();
 }
 

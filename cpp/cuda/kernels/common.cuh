@@ -1,0 +1,51 @@
+// What every CUDA rung shares: the problem as a kernel sees it, conversions
+// to and from the accumulator, and the grid over output tiles.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace jax_tiled::cuda {
+
+// The problem as a kernel sees it: plain 64-bit sizes and strides, no FFI types.
+// out[b] = op(A[b]) @ op(B[b]); op(A) is m x k, op(B) is k x n, all row-major.
+struct MatmulDims {
+  int64_t batch, m, n, k;
+  int64_t a_batch_stride, b_batch_stride, out_batch_stride;  // 0 = broadcast
+  int64_t lda, ldb, ldc;  // row strides of the matrices as stored
+  bool transpose_a, transpose_b;  // a stored (k, m), b stored (n, k)
+};
+
+// Widening a 16-bit float through float is exact: float holds every half and
+// bfloat16 value.
+template <class Acc, class T>
+__device__ __forceinline__ Acc ToAccumulator(T x) {
+  if constexpr (std::is_same_v<T, __half>) return static_cast<Acc>(__half2float(x));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<Acc>(__bfloat162float(x));
+  else return static_cast<Acc>(x);
+}
+
+// Narrowing to 16 bits goes through float too, as the CPU backend does, so the
+// two backends round a float64 accumulator identically.
+template <class T, class Acc>
+__device__ __forceinline__ T FromAccumulator(Acc x) {
+  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(x));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+
+// x over column tiles, y over row tiles, z over the batch, clamped to the
+// hardware limits; the kernels' grid-stride loops cover what the clamp cuts.
+inline dim3 OutputTileGrid(const MatmulDims& dims, int64_t block_m, int64_t block_n) {
+  constexpr int64_t kMaxGridX = 0x7fffffff, kMaxGridYZ = 65535;
+  return dim3(static_cast<unsigned>(std::min((dims.n + block_n - 1) / block_n, kMaxGridX)),
+              static_cast<unsigned>(std::min((dims.m + block_m - 1) / block_m, kMaxGridYZ)),
+              static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
+}
+
+}  // namespace jax_tiled::cuda
