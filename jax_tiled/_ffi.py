@@ -10,6 +10,7 @@ import importlib
 import functools
 
 import jax
+import numpy as np
 
 # platform name as jax.ffi.register_ffi_target spells it -> extension module
 _MODULES = {"cpu": "jax_tiled._cpu", "CUDA": "jax_tiled._cuda"}
@@ -52,6 +53,15 @@ def kernel_names(platform: str) -> tuple[str, ...]:
     return tuple(name for name in module.kernels().split(",") if name)
 
 
-def cuda_explain(dtype: str, batch: int, m: int, n: int, k: int, multiprocessors: int) -> str:
+def dtype_mismatch(platform: str, kernel: str, dtype, out_dtype) -> str:
+    """Why `kernel` cannot run a dtype -> out_dtype product on `platform`, or ''."""
+    if platform == "cpu" or kernel == "auto":
+        return ""  # the CPU rung and "auto" take every supported dtype pair
+    return _load("CUDA").kernel_dtype_mismatch(kernel, np.dtype(dtype).name,
+                                               np.dtype(out_dtype).name)
+
+
+def cuda_explain(dtype: str, out_dtype: str, batch: int, m: int, n: int, k: int,
+                 multiprocessors: int) -> str:
     """The CUDA module's own account of what kernel="auto" runs (no GPU needed)."""
-    return _load("CUDA").explain_auto(dtype, batch, m, n, k, multiprocessors)
+    return _load("CUDA").explain_auto(dtype, out_dtype, batch, m, n, k, multiprocessors)

@@ -27,9 +27,11 @@ def _backend_platform(backend: str | None) -> str:
     return {"gpu": "cuda"}.get(backend, backend)
 
 
-def kernels(backend: str | None = None) -> list[str]:
+def kernels(backend: str | None = None, dtype=None, out_dtype=None) -> list[str]:
     """Kernel rungs built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
-    jax's default backend). Any of them can be forced with `matmul(..., kernel=)`."""
+    jax's default backend). Any of them can be forced with `matmul(..., kernel=)`.
+    With `dtype` (the operands', after promotion), only the rungs that compute
+    that dtype into `out_dtype` (default: the same)."""
     platform = _backend_platform(backend)
     if platform == "cuda":
         try:
@@ -38,7 +40,11 @@ def kernels(backend: str | None = None) -> list[str]:
             return []
     elif platform != "cpu":
         return []
-    return list(_ffi.kernel_names(platform))
+    names = _ffi.kernel_names(platform)
+    if dtype is None:
+        return list(names)
+    out_dtype = dtype if out_dtype is None else out_dtype
+    return [name for name in names if not _ffi.dtype_mismatch(platform, name, dtype, out_dtype)]
 
 
 def _check_kernel(kernel) -> str:
@@ -203,6 +209,7 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
         except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
             multiprocessors = 132
-        choice = _ffi.cuda_explain(a3.dtype.name, batch, m, n, k, multiprocessors)
+        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, batch, m, n, k,
+                                   multiprocessors)
         return f"{head}: {choice}"
     raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

@@ -77,7 +77,9 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     if kernel != "auto" and kernel not in available:
         raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
                          f"valid: {['auto', *available]}")
-    del out_dtype  # carried by the result's aval
+    mismatch = _ffi.dtype_mismatch(platform, kernel, ctx.avals_in[0].dtype, out_dtype)
+    if mismatch:
+        raise TypeError(f"jax_tiled: {mismatch}")
     return _sharding.lowering(ctx, a, b, target=_ffi.TARGETS[platform], transpose_a=transpose_a,
                               transpose_b=transpose_b, precision=PRECISION_CODES[precision],
                               kernel=str(kernel))

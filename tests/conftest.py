@@ -60,8 +60,10 @@ def platform(request):
         yield request.param
 
 
-def kernels_on(platform: str) -> list[str]:
-    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform)
+def kernels_on(platform: str, dtype=np.float32, out_dtype=None) -> list[str]:
+    """"auto" and every rung that computes dtype -> out_dtype (default: the same)
+    on the platform; forcing a rung on other dtypes is tested in test_errors."""
+    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform, dtype, out_dtype)
     assert names, f"no kernels usable on {platform}"
     return ["auto", *names]
 

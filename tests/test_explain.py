@@ -4,6 +4,7 @@ chooses at run time (the CUDA module answers without a GPU)."""
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 
@@ -35,8 +36,8 @@ def test_bad_input_raises_like_matmul():
 
 @needs_cuda_module
 @pytest.mark.parametrize("a,b,expected", [
-    ((4096, 4096), (4096, 4096), "warptile: 128 x 128 blocks"),
-    ((256, 256), (256, 256), "warptile: 64 x 64 blocks"),
+    ((4096, 4096), (4096, 4096), "pipelined: float32 through cp.async, 128 x 128 blocks"),
+    ((256, 256), (256, 256), "pipelined: float32 through cp.async, 64 x 64 blocks"),
     ((16, 8192), (8192, 8192), "smem16: fewer than 64 rows or columns"),
     ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
 ], ids=str)
@@ -49,3 +50,26 @@ def test_cuda_auto_float64():
     with jax.enable_x64(True):
         text = jax_tiled.explain(S((512, 512), jnp.float64), S((512, 512), jnp.float64), backend="gpu")
     assert "smem16: float64" in text
+
+
+@needs_cuda_module
+def test_cuda_auto_by_dtype():
+    """cp.async cannot convert: 16-bit inputs and float64 results go elsewhere."""
+    text = jax_tiled.explain(S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16),
+                             backend="gpu")
+    assert "warptile: bfloat16 -> bfloat16 converts on the way into shared memory" in text
+    with jax.enable_x64(True):
+        text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
+                                 preferred_element_type=jnp.float64, backend="gpu")
+    assert "warptile: float32 -> float64" in text
+
+
+@needs_cuda_module
+def test_kernel_dtype_mismatch_named():
+    assert jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", np.float32, np.float32) == ""
+    assert jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", np.float32, jnp.bfloat16) == ""
+    why = jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", jnp.float16, np.float32)
+    assert "kernel 'pipelined'" in why and "got float16 -> float32" in why
+    assert "got float32 -> float64" in jax_tiled._ffi.dtype_mismatch("cuda", "pipelined",
+                                                                      np.float32, np.float64)
+    assert jax_tiled._ffi.dtype_mismatch("cuda", "warptile", jnp.float16, np.float32) == ""

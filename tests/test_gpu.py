@@ -48,15 +48,16 @@ def test_custom_call_is_captured_into_a_cuda_graph(tmp_path):
     assert _captured_custom_calls(sequence) == 1, sequence
 
 
-def test_operand_over_2_31_elements():
-    """bfloat16 (2**21 + 1) x 1024 @ 1024 x 64: a has 2**31 + 1024 elements, so
-    any 32-bit index arithmetic would wrap. Spot-check first and last rows."""
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
+def test_operand_over_2_31_elements(dtype):
+    """(2**21 + 1) x 1024 @ 1024 x 64: a has 2**31 + 1024 elements, so any
+    32-bit index arithmetic would wrap. Spot-check first and last rows."""
     m, k, n = 2**21 + 1, 1024, 64
     key_a, key_b = jax.random.split(jax.random.key(0))
     with jax.default_device(jax.devices("cuda")[0]):
-        a = jax.random.normal(key_a, (m, k), jnp.bfloat16)
-        b = jax.random.normal(key_b, (k, n), jnp.bfloat16)
-        for kernel in jax_tiled.kernels("gpu"):
+        a = jax.random.normal(key_a, (m, k), dtype)
+        b = jax.random.normal(key_b, (k, n), dtype)
+        for kernel in jax_tiled.kernels("gpu", dtype, jnp.float32):
             out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
                                                         kernel=kernel))(a, b)
             rows = np.r_[0:4, m // 2, m - 4:m]
@@ -67,5 +68,18 @@ def test_operand_over_2_31_elements():
 
 def test_cuda_kernels_listed():
     names = jax_tiled.kernels("gpu")
-    assert {"smem", "smem16", "regblock", "warptile"} <= set(names)
+    assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= set(names)
+    assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
+
+
+def test_forced_kernel_refuses_dtypes_it_cannot_compute():
+    a = jnp.ones((8, 8), jnp.bfloat16)
+    with jax.default_device(jax.devices("cuda")[0]):
+        with pytest.raises(TypeError, match="'pipelined'.*got bfloat16 -> bfloat16"):
+            jax_tiled.matmul(a, a, kernel="pipelined")
+        # The handler refuses too, for callers that bypass the primitive.
+        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.bfloat16))
+        with pytest.raises(Exception, match="'pipelined'.*got bfloat16 -> bfloat16"):
+            jax.block_until_ready(call(a[None], a[None], transpose_a=False, transpose_b=False,
+                                       precision=np.int32(2), kernel="pipelined"))
     assert "smem_racy_for_testing" not in names

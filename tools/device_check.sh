@@ -2,7 +2,9 @@
 # One call on the lent GPU machine: build, full test suite with the GPU
 # required, compute-sanitizer on small odd shapes (plus the planted race), and
 # the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
-#   usage: [STEPS="tests sanitize bench"] tools/device_check.sh [bench args...]
+#   usage: [STEPS="tests sanitize bench"] [RUNGS="warptile pipelined"] \
+#          tools/device_check.sh [bench args...]
+# RUNGS limits the sanitizer runs (default: every CUDA rung).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
@@ -30,7 +32,7 @@ fi
 if [[ " $steps " == *" sanitize "* ]]; then
   export XLA_PYTHON_CLIENT_ALLOCATOR=platform
   for tool in memcheck racecheck synccheck initcheck; do
-    for rung in $(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))"); do
+    for rung in ${RUNGS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
       extra=(); [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
       timeout 600 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 1 \
         python3 "$repo/tests/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1

@@ -14,8 +14,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "cuda/kernels/register_blocked.cuh"
+#include "cuda/kernels/simt_cp_async_pipelined.cuh"
 #include "cuda/kernels/simt_warptiled.cuh"
 #include "cuda/kernels/smem_tiled.cuh"
 #include "ffi_common.h"
@@ -31,13 +33,14 @@ template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
 template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
 template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
 
-enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kRegisterBlocked, kWarpTiled };
+enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kRegisterBlocked, kWarpTiled, kPipelined };
 
 std::optional<Rung> ParseKernel(std::string_view name) {
   if (name == "auto") return Rung::kAuto;
   if (name == "smem") return Rung::kSmem32;
   if (name == "regblock") return Rung::kRegisterBlocked;
   if (name == "warptile") return Rung::kWarpTiled;
+  if (name == "pipelined") return Rung::kPipelined;
   if (name == "smem16") return Rung::kSmem16;
   // Deliberately missing from kKernelNames: this is "smem" without its second
   // barrier, a known data race that the compute-sanitizer racecheck test runs
@@ -81,9 +84,37 @@ const char* RungName(Rung rung) {
     case Rung::kSmemRacy: return "smem_racy_for_testing";
     case Rung::kRegisterBlocked: return "regblock";
     case Rung::kWarpTiled: return "warptile";
+    case Rung::kPipelined: return "pipelined";
     case Rung::kAuto: break;
   }
   return "auto";
+}
+
+const char* DtypeName(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    default: return "an unsupported dtype";
+  }
+}
+
+std::optional<ffi::DataType> ParseDtype(std::string_view name) {
+  for (ffi::DataType t : {ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32,
+                          ffi::DataType::F64})
+    if (name == DtypeName(t)) return t;
+  return std::nullopt;
+}
+
+// Why `rung` cannot compute in_type -> out_type, or "" if it can.
+std::string DtypeMismatch(Rung rung, ffi::DataType in_type, ffi::DataType out_type) {
+  const bool float_accumulator = in_type != ffi::DataType::F64 && out_type != ffi::DataType::F64;
+  if (rung == Rung::kPipelined && !(in_type == ffi::DataType::F32 && float_accumulator))
+    return std::string("kernel 'pipelined' computes float32 inputs into a float32, bfloat16 or "
+                       "float16 result (its cp.async copies cannot convert); got ") +
+           DtypeName(in_type) + " -> " + DtypeName(out_type);
+  return "";
 }
 
 struct AutoChoice {
@@ -93,18 +124,24 @@ struct AutoChoice {
 
 // "auto": the fastest rung measured for the dtype and shape (NOTES.md), and
 // why; jax_tiled.explain reports the reason.
-AutoChoice ChooseAuto(ffi::DataType in_type, const MatmulDims& d, int multiprocessors) {
+AutoChoice ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims& d,
+                      int multiprocessors) {
   if (in_type == ffi::DataType::F64)
     return {Rung::kSmem16, "float64: warptile would spill its 64 double accumulators per thread"};
   if (d.m < 64 || d.n < 64)
     return {Rung::kSmem16, "fewer than 64 rows or columns: warptile's 64-wide tiles would be "
                            "mostly padding (16 x 8192 x 8192 ran 2.0 TFLOP/s there, 4.2 on "
                            "smem16, H200)"};
-  if (WarpTileUsesLargeBlocks(d, multiprocessors))
-    return {Rung::kWarpTiled, "128 x 128 blocks of 8 warps: they fill the " +
-                                  std::to_string(multiprocessors) + " SMs at least twice"};
-  return {Rung::kWarpTiled, "64 x 64 blocks of 2 warps: 128 x 128 blocks would not fill the " +
-                                std::to_string(multiprocessors) + " SMs twice"};
+  const bool large = WarpTileUsesLargeBlocks(d, multiprocessors);
+  const std::string blocks =
+      large ? "128 x 128 blocks of 8 warps: they fill the " + std::to_string(multiprocessors) +
+                  " SMs at least twice"
+            : "64 x 64 blocks of 2 warps: 128 x 128 blocks would not fill the " +
+                  std::to_string(multiprocessors) + " SMs twice";
+  if (DtypeMismatch(Rung::kPipelined, in_type, out_type).empty())
+    return {Rung::kPipelined, "float32 through cp.async, " + blocks};
+  return {Rung::kWarpTiled, std::string(DtypeName(in_type)) + " -> " + DtypeName(out_type) +
+                                " converts on the way into shared memory, " + blocks};
 }
 
 template <class In, class Out, class Acc>
@@ -118,6 +155,12 @@ cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out
     case Rung::kRegisterBlocked: return LaunchRegisterBlocked<In, Out, Acc>(d, a, b, out, stream);
     case Rung::kWarpTiled:
       return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, multiprocessors);
+    case Rung::kPipelined:
+      // The handler has refused other dtypes (DtypeMismatch); this only keeps
+      // them from being compiled.
+      if constexpr (std::is_same_v<In, float> && std::is_same_v<Acc, float>)
+        return LaunchPipelined<Out>(d, a, b, out, stream, multiprocessors);
+      break;
     case Rung::kAuto: break;
   }
   return cudaErrorInvalidValue;
@@ -131,6 +174,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const MatmulProblem& p = problem.value();
   const std::optional<Rung> rung = ParseKernel(p.kernel);
   if (!rung) return UnknownKernel("CUDA", p.kernel, kKernelNames);
+  if (std::string why = DtypeMismatch(*rung, p.in_type, p.out_type); !why.empty())
+    return ffi::Error::InvalidArgument("tiled_matmul: " + why);
   if (p.empty_output()) return ffi::Error::Success();
   if (p.k == 0) {  // an empty sum; 0.0 is all-zero bits in every supported dtype
     const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
@@ -140,7 +185,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   // asks; that satisfies DEFAULT and HIGH too, which only permit cheaper arithmetic.
   const MatmulDims dims = ToDims(p);
   const int multiprocessors = MultiprocessorCount();
-  const Rung chosen = *rung == Rung::kAuto ? ChooseAuto(p.in_type, dims, multiprocessors).rung : *rung;
+  const Rung chosen =
+      *rung == Rung::kAuto ? ChooseAuto(p.in_type, p.out_type, dims, multiprocessors).rung : *rung;
   return VisitDtypes(p, [&](auto in_tag, auto out_tag) {
     using In = Storage<in_tag.value>;
     using Out = Storage<out_tag.value>;
@@ -155,18 +201,23 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 
 }  // namespace
 
-std::string ExplainAuto(std::string_view dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
-                        int multiprocessors) {
-  ffi::DataType in_type;
-  if (dtype == "float64") in_type = ffi::DataType::F64;
-  else if (dtype == "float32") in_type = ffi::DataType::F32;
-  else if (dtype == "float16") in_type = ffi::DataType::F16;
-  else if (dtype == "bfloat16") in_type = ffi::DataType::BF16;
-  else return "unsupported dtype " + std::string(dtype);
+std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype, int64_t batch,
+                        int64_t m, int64_t n, int64_t k, int multiprocessors) {
+  const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
+  if (!in_type || !out_type)
+    return "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype);
   MatmulDims dims{};
   dims.batch = batch, dims.m = m, dims.n = n, dims.k = k;
-  const AutoChoice choice = ChooseAuto(in_type, dims, multiprocessors);
+  const AutoChoice choice = ChooseAuto(*in_type, *out_type, dims, multiprocessors);
   return std::string(RungName(choice.rung)) + ": " + choice.reason;
+}
+
+std::string KernelDtypeMismatch(std::string_view kernel, std::string_view dtype,
+                                std::string_view out_dtype) {
+  const std::optional<Rung> rung = ParseKernel(kernel);
+  const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
+  if (!rung || !in_type || !out_type) return "";  // reported elsewhere, with the valid choices
+  return DtypeMismatch(*rung, *in_type, *out_type);
 }
 
 }  // namespace jax_tiled::cuda

@@ -16,7 +16,10 @@ NB_MODULE(_cuda, m) {
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
   m.def("kernels", [] { return nb::str(jax_tiled::cuda::kKernelNames); },
         "Comma-separated names of the kernels this module runs.");
-  m.def("explain_auto", &jax_tiled::cuda::ExplainAuto, nb::arg("dtype"), nb::arg("batch"),
-        nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("multiprocessors"),
+  m.def("explain_auto", &jax_tiled::cuda::ExplainAuto, nb::arg("dtype"), nb::arg("out_dtype"),
+        nb::arg("batch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("multiprocessors"),
         "'<rung>: <why>' for what kernel='auto' runs on this problem (no GPU needed).");
+  m.def("kernel_dtype_mismatch", &jax_tiled::cuda::KernelDtypeMismatch, nb::arg("kernel"),
+        nb::arg("dtype"), nb::arg("out_dtype"),
+        "Why the kernel cannot run this dtype pair, or '' if it can.");
 }

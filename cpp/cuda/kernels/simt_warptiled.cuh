@@ -121,6 +121,56 @@ struct SlabLoader {
   }
 };
 
+// Where this thread's 8 x 8 block sits in the block tile. Within a warp,
+// lanes form 4 rows x 8 columns; each lane owns rows {4r..4r+3, 4r+16..4r+19}
+// and columns {4c..4c+3, 4c+32..4c+35} of the warp's 32 x 64 tile. A-fragment
+// loads are then broadcasts among the 8 lanes of a row, and the B-fragment
+// loads of 8 lanes cover 128 contiguous bytes.
+struct ThreadTile {
+  int m, n;  // first row and column
+  __device__ __forceinline__ explicit ThreadTile(int warps_n) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    m = warp / warps_n * 32 + lane / 8 * 4;
+    n = warp % warps_n * 64 + lane % 8 * 4;
+  }
+};
+
+// acc += this thread's share of one K-major slab: per k, four 16-byte shared
+// loads feed 64 FMAs.
+template <int kSlab, int kRowA, int kRowB, class Acc>
+__device__ __forceinline__ void AccumulateSlab(Acc (&acc)[8][8], const Acc (&a)[kSlab][kRowA],
+                                               const Acc (&b)[kSlab][kRowB], ThreadTile t) {
+#pragma unroll
+  for (int k = 0; k < kSlab; ++k) {
+    Acc af[8], bf[8];
+    LoadQuad(&a[k][t.m], af, 0);
+    LoadQuad(&a[k][t.m + 16], af, 4);
+    LoadQuad(&b[k][t.n], bf, 0);
+    LoadQuad(&b[k][t.n + 32], bf, 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] += af[i] * bf[j];
+  }
+}
+
+// Writes this thread's 8 x 8 block of the (row0, col0) block tile, clipped to
+// the matrix.
+template <class Out, class Acc>
+__device__ __forceinline__ void StoreThreadTile(const Acc (&acc)[8][8], ThreadTile t, Out* out,
+                                                const MatmulDims& dims, int64_t row0, int64_t col0) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = row0 + t.m + (i < 4 ? i : 12 + i);
+    if (row >= dims.m) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int64_t col = col0 + t.n + (j < 4 ? j : 28 + j);
+      if (col < dims.n) out[row * dims.ldc + col] = FromAccumulator<Out>(acc[i][j]);
+    }
+  }
+}
+
 template <class Cfg, class In, class Out, class Acc>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WarpTiledMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
@@ -130,13 +180,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   __shared__ __align__(16) typename LoaderA::Tile a_tiles[2];
   __shared__ __align__(16) typename LoaderB::Tile b_tiles[2];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Within a warp, lanes form 4 rows x 8 columns; each lane owns rows
-  // {4r..4r+3, 4r+16..4r+19} and columns {4c..4c+3, 4c+32..4c+35} of the
-  // warp's 32 x 64 tile. A-fragment loads are then broadcasts among the 8
-  // lanes of a row, and the B-fragment loads of 8 lanes cover 128 contiguous bytes.
-  const int warp_m = warp / Cfg::kWarpsN * 32, warp_n = warp % Cfg::kWarpsN * 64;
-  const int lane_m = lane / 8 * 4, lane_n = lane % 8 * 4;
+  const ThreadTile thread_tile(Cfg::kWarpsN);
   const int64_t tiles_m = (dims.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t tiles_n = (dims.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
@@ -164,18 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             load_a.Fetch(row0, (slab + 1) * Cfg::kSlab);
             load_b.Fetch(col0, (slab + 1) * Cfg::kSlab);
           }
-#pragma unroll
-          for (int k = 0; k < Cfg::kSlab; ++k) {
-            Acc af[8], bf[8];
-            LoadQuad(&a_tiles[cur][k][warp_m + lane_m], af, 0);
-            LoadQuad(&a_tiles[cur][k][warp_m + lane_m + 16], af, 4);
-            LoadQuad(&b_tiles[cur][k][warp_n + lane_n], bf, 0);
-            LoadQuad(&b_tiles[cur][k][warp_n + lane_n + 32], bf, 4);
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-              for (int j = 0; j < 8; ++j) acc[i][j] += af[i] * bf[j];
-          }
+          AccumulateSlab(acc, a_tiles[cur], b_tiles[cur], thread_tile);
           if (more) {  // the other buffer was last read before the previous barrier
             load_a.Store(a_tiles[cur ^ 1]);
             load_b.Store(b_tiles[cur ^ 1]);
@@ -183,17 +216,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           __syncthreads();
         }
 
-        Out* out_batch = out + batch * dims.out_batch_stride;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int64_t row = row0 + warp_m + lane_m + (i < 4 ? i : 12 + i);
-          if (row >= dims.m) continue;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int64_t col = col0 + warp_n + lane_n + (j < 4 ? j : 28 + j);
-            if (col < dims.n) out_batch[row * dims.ldc + col] = FromAccumulator<Out>(acc[i][j]);
-          }
-        }
+        StoreThreadTile(acc, thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
       }
     }
   }
