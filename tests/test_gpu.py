@@ -70,6 +70,7 @@ def test_cuda_kernels_listed():
     names = jax_tiled.kernels("gpu")
     assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= set(names)
     assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
+    assert "smem_racy_for_testing" not in names
 
 
 def test_forced_kernel_refuses_dtypes_it_cannot_compute():
@@ -82,4 +83,3 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
         with pytest.raises(Exception, match="'pipelined'.*got bfloat16 -> bfloat16"):
             jax.block_until_ready(call(a[None], a[None], transpose_a=False, transpose_b=False,
                                        precision=np.int32(2), kernel="pipelined"))
-    assert "smem_racy_for_testing" not in names

@@ -48,4 +48,32 @@ inline dim3 OutputTileGrid(const MatmulDims& dims, int64_t block_m, int64_t bloc
               static_cast<unsigned>(std::min(dims.batch, kMaxGridYZ)));
 }
 
+// Output tiles as one linear sequence, in an order kind to L2: batch by batch,
+// and within a matrix, bands of kBandRows tile rows walked column by column,
+// so the blocks resident at one time share a few rows of A and columns of B.
+// A 1-D grid strides over the sequence, so no size hits a grid limit.
+template <int kBlockM, int kBlockN, int kBandRows = 8>
+struct TileOrder {
+  int64_t tiles_m, tiles_n, count;
+
+  __host__ __device__ explicit TileOrder(const MatmulDims& d)
+      : tiles_m((d.m + kBlockM - 1) / kBlockM), tiles_n((d.n + kBlockN - 1) / kBlockN),
+        count(d.batch * tiles_m * tiles_n) {}
+
+  dim3 Grid() const { return dim3(static_cast<unsigned>(std::min<int64_t>(count, 0x7fffffff))); }
+
+  // The batch and the first row and column of tile `t`.
+  __device__ __forceinline__ void Locate(int64_t t, int64_t& batch, int64_t& row0,
+                                         int64_t& col0) const {
+    const int64_t per_matrix = tiles_m * tiles_n;
+    batch = t / per_matrix;
+    t -= batch * per_matrix;
+    const int64_t band = t / (kBandRows * tiles_n), first_row = band * kBandRows;
+    const int64_t rows = min(tiles_m - first_row, int64_t{kBandRows});
+    t -= band * kBandRows * tiles_n;
+    row0 = (first_row + t % rows) * kBlockM;
+    col0 = t / rows * kBlockN;
+  }
+};
+
 }  // namespace jax_tiled::cuda
