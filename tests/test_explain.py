@@ -36,8 +36,8 @@ def test_bad_input_raises_like_matmul():
 
 @needs_cuda_module
 @pytest.mark.parametrize("a,b,expected", [
-    ((4096, 4096), (4096, 4096), "pipelined: float32 through cp.async, 128 x 128 blocks"),
-    ((256, 256), (256, 256), "pipelined: float32 through cp.async, 64 x 64 blocks"),
+    ((4096, 4096), (4096, 4096), "warptile: 128 x 128 blocks of 8 warps fill the"),
+    ((256, 256), (256, 256), "pipelined: 64 x 64 blocks of 2 warps"),
     ((16, 8192), (8192, 8192), "smem16: fewer than 64 rows or columns"),
     ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
 ], ids=str)
@@ -55,13 +55,14 @@ def test_cuda_auto_float64():
 @needs_cuda_module
 def test_cuda_auto_by_dtype():
     """cp.async cannot convert: 16-bit inputs and float64 results go elsewhere."""
-    text = jax_tiled.explain(S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16),
+    text = jax_tiled.explain(S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16),
                              backend="gpu")
-    assert "warptile: bfloat16 -> bfloat16 converts on the way into shared memory" in text
+    assert "warptile: 64 x 64 blocks" in text
+    assert "bfloat16 -> bfloat16 needs warptile's converting copies" in text
     with jax.enable_x64(True):
         text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
                                  preferred_element_type=jnp.float64, backend="gpu")
-    assert "warptile: float32 -> float64" in text
+    assert "float32 -> float64 needs warptile's converting copies" in text
 
 
 @needs_cuda_module
