@@ -90,61 +90,66 @@ const char* RungName(Rung rung) {
   return "auto";
 }
 
-const char* DtypeName(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    default: return "an unsupported dtype";
-  }
-}
-
 std::optional<ffi::DataType> ParseDtype(std::string_view name) {
   for (ffi::DataType t : {ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32,
                           ffi::DataType::F64})
-    if (name == DtypeName(t)) return t;
+    if (name == DataTypeName(t)) return t;
   return std::nullopt;
+}
+
+// Whether `rung` computes in_type -> out_type: cheap, for the launch path.
+bool RungTakes(Rung rung, ffi::DataType in_type, ffi::DataType out_type) {
+  if (rung == Rung::kPipelined)  // cp.async copies float32 as is, into a float32 accumulator
+    return in_type == ffi::DataType::F32 && out_type != ffi::DataType::F64;
+  return true;
 }
 
 // Why `rung` cannot compute in_type -> out_type, or "" if it can.
 std::string DtypeMismatch(Rung rung, ffi::DataType in_type, ffi::DataType out_type) {
-  const bool float_accumulator = in_type != ffi::DataType::F64 && out_type != ffi::DataType::F64;
-  if (rung == Rung::kPipelined && !(in_type == ffi::DataType::F32 && float_accumulator))
+  if (!RungTakes(rung, in_type, out_type))
     return std::string("kernel 'pipelined' computes float32 inputs into a float32, bfloat16 or "
                        "float16 result (its cp.async copies cannot convert); got ") +
-           DtypeName(in_type) + " -> " + DtypeName(out_type);
+           DataTypeName(in_type) + " -> " + DataTypeName(out_type);
   return "";
 }
 
-struct AutoChoice {
-  Rung rung;
-  std::string reason;
-};
-
-// "auto": the fastest rung measured for the dtype and shape (NOTES.md), and
-// why; jax_tiled.explain reports the reason.
-AutoChoice ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims& d,
-                      int multiprocessors) {
+// "auto": the fastest rung measured for the dtype and shape (NOTES.md). The
+// reason, for jax_tiled.explain, is written only when `why` is given, so the
+// launch path builds no strings.
+Rung ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims& d,
+                int multiprocessors, std::string* why = nullptr) {
+  auto because = [&](Rung rung, auto&& reason) {
+    if (why) *why = reason();
+    return rung;
+  };
   if (in_type == ffi::DataType::F64)
-    return {Rung::kSmem16, "float64: warptile would spill its 64 double accumulators per thread"};
+    return because(Rung::kSmem16, [] {
+      return "float64: warptile would spill its 64 double accumulators per thread";
+    });
   if (d.m < 64 || d.n < 64)
-    return {Rung::kSmem16, "fewer than 64 rows or columns: warptile's 64-wide tiles would be "
-                           "mostly padding (16 x 8192 x 8192 ran 2.0 TFLOP/s there, 4.2 on "
-                           "smem16, H200)"};
-  const std::string sms = std::to_string(multiprocessors) + " SMs";
+    return because(Rung::kSmem16, [] {
+      return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding "
+             "(16 x 8192 x 8192 ran 2.0 TFLOP/s there, 4.2 on smem16, H200)";
+    });
   if (WarpTileUsesLargeBlocks(d, multiprocessors))
-    return {Rung::kWarpTiled, "128 x 128 blocks of 8 warps fill the " + sms +
-                                  " at least twice; there the register-staged copies beat "
-                                  "pipelined's cp.async (4096^3 fp32: 38.4 vs 36.5 TFLOP/s, H200)"};
-  const std::string small = "64 x 64 blocks of 2 warps, since 128 x 128 blocks would not fill the " +
-                            sms + " twice";
-  if (DtypeMismatch(Rung::kPipelined, in_type, out_type).empty())
-    return {Rung::kPipelined, small + "; with few warps per SM the 4-stage cp.async pipeline "
-                                      "hides latency best (1024^3 fp32: 25.4 vs warptile's 19.8 "
-                                      "TFLOP/s, H200)"};
-  return {Rung::kWarpTiled, small + "; " + DtypeName(in_type) + " -> " + DtypeName(out_type) +
-                                " needs warptile's converting copies"};
+    return because(Rung::kWarpTiled, [&] {
+      return "128 x 128 blocks of 8 warps fill the " + std::to_string(multiprocessors) +
+             " SMs at least twice; there the register-staged copies beat pipelined's cp.async "
+             "(4096^3 fp32: 38.4 vs 36.5 TFLOP/s, H200)";
+    });
+  auto small = [&] {
+    return "64 x 64 blocks of 2 warps, since 128 x 128 blocks would not fill the " +
+           std::to_string(multiprocessors) + " SMs twice";
+  };
+  if (RungTakes(Rung::kPipelined, in_type, out_type))
+    return because(Rung::kPipelined, [&] {
+      return small() + "; with few warps per SM the 4-stage cp.async pipeline hides latency "
+                       "best (1024^3 fp32: 25.4 vs warptile's 19.8 TFLOP/s, H200)";
+    });
+  return because(Rung::kWarpTiled, [&] {
+    return small() + "; " + DataTypeName(in_type) + " -> " + DataTypeName(out_type) +
+           " needs warptile's converting copies";
+  });
 }
 
 template <class In, class Out, class Acc>
@@ -159,7 +164,7 @@ cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out
     case Rung::kWarpTiled:
       return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, multiprocessors);
     case Rung::kPipelined:
-      // The handler has refused other dtypes (DtypeMismatch); this only keeps
+      // The handler has refused other dtypes (RungTakes); this only keeps
       // them from being compiled.
       if constexpr (std::is_same_v<In, float> && std::is_same_v<Acc, float>)
         return LaunchPipelined<Out>(d, a, b, out, stream, multiprocessors);
@@ -177,8 +182,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const MatmulProblem& p = problem.value();
   const std::optional<Rung> rung = ParseKernel(p.kernel);
   if (!rung) return UnknownKernel("CUDA", p.kernel, kKernelNames);
-  if (std::string why = DtypeMismatch(*rung, p.in_type, p.out_type); !why.empty())
-    return ffi::Error::InvalidArgument("tiled_matmul: " + why);
+  if (!RungTakes(*rung, p.in_type, p.out_type))
+    return ffi::Error::InvalidArgument("tiled_matmul: " + DtypeMismatch(*rung, p.in_type, p.out_type));
   if (p.empty_output()) return ffi::Error::Success();
   if (p.k == 0) {  // an empty sum; 0.0 is all-zero bits in every supported dtype
     const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
@@ -189,7 +194,7 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const MatmulDims dims = ToDims(p);
   const int multiprocessors = MultiprocessorCount();
   const Rung chosen =
-      *rung == Rung::kAuto ? ChooseAuto(p.in_type, p.out_type, dims, multiprocessors).rung : *rung;
+      *rung == Rung::kAuto ? ChooseAuto(p.in_type, p.out_type, dims, multiprocessors) : *rung;
   return VisitDtypes(p, [&](auto in_tag, auto out_tag) {
     using In = Storage<in_tag.value>;
     using Out = Storage<out_tag.value>;
@@ -211,8 +216,9 @@ std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype, int6
     return "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype);
   MatmulDims dims{};
   dims.batch = batch, dims.m = m, dims.n = n, dims.k = k;
-  const AutoChoice choice = ChooseAuto(*in_type, *out_type, dims, multiprocessors);
-  return std::string(RungName(choice.rung)) + ": " + choice.reason;
+  std::string why;
+  const Rung rung = ChooseAuto(*in_type, *out_type, dims, multiprocessors, &why);
+  return std::string(RungName(rung)) + ": " + why;
 }
 
 std::string KernelDtypeMismatch(std::string_view kernel, std::string_view dtype,

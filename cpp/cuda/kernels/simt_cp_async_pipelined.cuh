@@ -165,8 +165,8 @@ cudaError_t LaunchPipelinedWith(const MatmulDims& dims, const float* a, const fl
                                 cudaStream_t stream) {
   const dim3 grid = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).Grid();
   PipelinedMatmul<Cfg, Out><<<grid, Cfg::kThreads, 0, stream>>>(
-      dims, a, b, out, QuadAligned(a, dims.lda) && dims.a_batch_stride % 4 == 0,
-      QuadAligned(b, dims.ldb) && dims.b_batch_stride % 4 == 0);
+      dims, a, b, out, QuadAligned(a, dims.lda, dims.a_batch_stride),
+      QuadAligned(b, dims.ldb, dims.b_batch_stride));
   return cudaGetLastError();
 }
 

@@ -228,9 +228,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 using WarpTileLarge = WarpTileConfig<4, 2, 8, 2>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4>;
 
+// Whether every row of every batch of an operand starts 4-element aligned,
+// so groups of 4 can move as one 16-byte (or 2 x 16-byte) access.
 template <class In>
-bool QuadAligned(const In* p, int64_t ld) {
-  return ld % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(In)) == 0;
+bool QuadAligned(const In* p, int64_t ld, int64_t batch_stride) {
+  return ld % 4 == 0 && batch_stride % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p) % (4 * sizeof(In)) == 0;
 }
 
 template <class Cfg, class In, class Out, class Acc>
@@ -238,8 +241,8 @@ cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b
                                 cudaStream_t stream) {
   const dim3 grid = OutputTileGrid(dims, Cfg::kBlockM, Cfg::kBlockN);
   WarpTiledMatmul<Cfg, In, Out, Acc><<<grid, Cfg::kThreads, 0, stream>>>(
-      dims, a, b, out, QuadAligned(a, dims.lda) && dims.a_batch_stride % 4 == 0,
-      QuadAligned(b, dims.ldb) && dims.b_batch_stride % 4 == 0);
+      dims, a, b, out, QuadAligned(a, dims.lda, dims.a_batch_stride),
+      QuadAligned(b, dims.ldb, dims.b_batch_stride));
   return cudaGetLastError();
 }
 
