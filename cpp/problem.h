@@ -2,6 +2,7 @@
 // validated batched matrix product. The CPU and CUDA handlers both start here.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +30,20 @@ struct MatmulProblem {
   ffi::DataType out_type = ffi::DataType::INVALID;
   Precision precision = Precision::kDefault;
   std::string_view kernel;
+
+  // A problem over contiguous row-major arrays with these sizes: operand
+  // batches of 1 broadcast (stride 0).
+  static MatmulProblem Contiguous(int64_t batch_a, int64_t batch_b, int64_t m, int64_t n,
+                                  int64_t k, bool transpose_a, bool transpose_b) {
+    MatmulProblem p;
+    p.batch = batch_a == 0 || batch_b == 0 ? 0 : std::max(batch_a, batch_b);
+    p.m = m, p.n = n, p.k = k;
+    p.transpose_a = transpose_a, p.transpose_b = transpose_b;
+    p.a_batch_stride = batch_a == 1 ? 0 : m * k;
+    p.b_batch_stride = batch_b == 1 ? 0 : k * n;
+    p.out_batch_stride = m * n;
+    return p;
+  }
 
   // Row strides (leading dimensions) of the stored, row-major matrices.
   int64_t lda() const { return transpose_a ? m : k; }
@@ -87,30 +102,25 @@ inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
     return Invalid("precision attribute must be 0, 1 or 2, got " +
                    std::to_string(precision));
 
-  MatmulProblem p;
-  p.transpose_a = transpose_a;
-  p.transpose_b = transpose_b;
-  p.batch = od[0];
-  p.m = transpose_a ? ad[2] : ad[1];
-  p.k = transpose_a ? ad[1] : ad[2];
-  p.n = transpose_b ? bd[1] : bd[2];
+  const int64_t batch = od[0];
+  const int64_t m = transpose_a ? ad[2] : ad[1];
+  const int64_t k = transpose_a ? ad[1] : ad[2];
+  const int64_t n = transpose_b ? bd[1] : bd[2];
   const int64_t kb = transpose_b ? bd[2] : bd[1];
-  if (kb != p.k)
+  if (kb != k)
     return Invalid("contracting dimensions differ: a" + Dims(ad) + " has " +
-                   std::to_string(p.k) + ", b" + Dims(bd) + " has " +
+                   std::to_string(k) + ", b" + Dims(bd) + " has " +
                    std::to_string(kb));
-  if (od[1] != p.m || od[2] != p.n)
+  if (od[1] != m || od[2] != n)
     return Invalid("result " + Dims(od) + " does not match a" + Dims(ad) +
                    " @ b" + Dims(bd));
-  auto batch_ok = [&](int64_t x) { return x == p.batch || x == 1; };
+  auto batch_ok = [&](int64_t x) { return x == batch || x == 1; };
   if (!batch_ok(ad[0]) || !batch_ok(bd[0]))
     return Invalid("operand batches " + std::to_string(ad[0]) + " and " +
                    std::to_string(bd[0]) + " must each be 1 or the result's " +
-                   std::to_string(p.batch));
-  // A batch of 1 with batch > 1 broadcasts: stride 0.
-  p.a_batch_stride = (ad[0] == 1) ? 0 : p.m * p.k;
-  p.b_batch_stride = (bd[0] == 1) ? 0 : p.k * p.n;
-  p.out_batch_stride = p.m * p.n;
+                   std::to_string(batch));
+  MatmulProblem p = MatmulProblem::Contiguous(ad[0], bd[0], m, n, k, transpose_a, transpose_b);
+  p.batch = batch;  // the result's: two broadcast operands may still meet an empty batch
   p.in_type = a.element_type();
   p.out_type = out.element_type();
   p.precision = static_cast<Precision>(precision);

@@ -53,15 +53,35 @@ def kernel_names(platform: str) -> tuple[str, ...]:
     return tuple(name for name in module.kernels().split(",") if name)
 
 
-def dtype_mismatch(platform: str, kernel: str, dtype, out_dtype) -> str:
-    """Why `kernel` cannot run a dtype -> out_dtype product on `platform`, or ''."""
+# A problem every rung can run, for questions about dtypes alone:
+# (batch_a, batch_b, m, n, k, transpose_a, transpose_b).
+ANY_PROBLEM = (1, 1, 64, 64, 64, False, False)
+
+HOPPER = 90  # compute capability (major * 10 + minor) assumed where no GPU is visible
+
+
+def cuda_compute_capability() -> int:
+    """major * 10 + minor of the first CUDA device, or HOPPER without one."""
+    try:
+        text = getattr(jax.devices("cuda")[0], "compute_capability", None)
+    except RuntimeError:
+        return HOPPER
+    if not text:
+        return HOPPER
+    major, minor = (int(part) for part in str(text).split(".")[:2])
+    return 10 * major + minor
+
+
+def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM) -> str:
+    """Why `kernel` cannot run a dtype -> out_dtype product of this shape
+    (ANY_PROBLEM's fields) on `platform`'s first device, or '' if it can."""
     if platform == "cpu" or kernel == "auto":
-        return ""  # the CPU rung and "auto" take every supported dtype pair
-    return _load("CUDA").kernel_dtype_mismatch(kernel, np.dtype(dtype).name,
-                                               np.dtype(out_dtype).name)
+        return ""  # the CPU rung and "auto" take every supported problem
+    return _load("CUDA").kernel_refusal(kernel, np.dtype(dtype).name, np.dtype(out_dtype).name,
+                                        *problem, cuda_compute_capability())
 
 
-def cuda_explain(dtype: str, out_dtype: str, batch: int, m: int, n: int, k: int,
-                 multiprocessors: int) -> str:
+def cuda_explain(dtype: str, out_dtype: str, problem, multiprocessors: int) -> str:
     """The CUDA module's own account of what kernel="auto" runs (no GPU needed)."""
-    return _load("CUDA").explain_auto(dtype, out_dtype, batch, m, n, k, multiprocessors)
+    return _load("CUDA").explain_auto(dtype, out_dtype, *problem, multiprocessors,
+                                      cuda_compute_capability())

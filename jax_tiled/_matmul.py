@@ -17,7 +17,8 @@ import numpy as np
 from jax import lax
 
 from jax_tiled import _ffi, _sharding
-from jax_tiled._primitive import PRECISION_CODES, SUPPORTED_DTYPES, tiled_matmul
+from jax_tiled._primitive import (PRECISION_CODES, SUPPORTED_DTYPES, check_kernel_runs,
+                                  tiled_matmul)
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
@@ -44,7 +45,7 @@ def kernels(backend: str | None = None, dtype=None, out_dtype=None) -> list[str]
     if dtype is None:
         return list(names)
     out_dtype = dtype if out_dtype is None else out_dtype
-    return [name for name in names if not _ffi.dtype_mismatch(platform, name, dtype, out_dtype)]
+    return [name for name in names if not _ffi.refusal(platform, name, dtype, out_dtype)]
 
 
 def _check_kernel(kernel) -> str:
@@ -197,10 +198,12 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
     batch = max(a3.shape[0], b3.shape[0]) if min(a3.shape[0], b3.shape[0]) else 0
     _, m, k = a3.shape
     n = b3.shape[2]
+    problem = (a3.shape[0], b3.shape[0], m, n, k, False, False)
     platform = _backend_platform(backend)
     head = (f"{platform}: {batch} x ({m} x {k}) @ ({k} x {n}), {a3.dtype.name} -> "
             f"{plan.out_dtype.name}, precision {plan.precision.name}")
     if plan.kernel != "auto":
+        check_kernel_runs(platform, plan.kernel, a3.dtype, plan.out_dtype, problem)
         return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
     if platform == "cpu":
         return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU rung"
@@ -209,7 +212,6 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
         except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
             multiprocessors = 132
-        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, batch, m, n, k,
-                                   multiprocessors)
+        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, problem, multiprocessors)
         return f"{head}: {choice}"
     raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

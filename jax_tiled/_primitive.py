@@ -72,14 +72,28 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
     return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
 
+def check_kernel_runs(platform, kernel, dtype, out_dtype, problem) -> None:
+    """A forced rung that cannot compute the dtypes raises TypeError; one that
+    cannot run the problem's shape or layout raises ValueError. Both name why."""
+    dtypes = _ffi.refusal(platform, kernel, dtype, out_dtype)
+    if dtypes:
+        raise TypeError(f"jax_tiled: {dtypes}")
+    layout = _ffi.refusal(platform, kernel, dtype, out_dtype, problem)
+    if layout:
+        batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
+        raise ValueError(f"jax_tiled: {layout} (m={m}, n={n}, k={k}, batches {batch_a} and "
+                         f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b})")
+
+
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
         raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
                          f"valid: {['auto', *available]}")
-    mismatch = _ffi.dtype_mismatch(platform, kernel, ctx.avals_in[0].dtype, out_dtype)
-    if mismatch:
-        raise TypeError(f"jax_tiled: {mismatch}")
+    a_aval, b_aval = ctx.avals_in
+    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    check_kernel_runs(platform, kernel, a_aval.dtype, out_dtype,
+                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b))
     return _sharding.lowering(ctx, a, b, target=_ffi.TARGETS[platform], transpose_a=transpose_a,
                               transpose_b=transpose_b, precision=PRECISION_CODES[precision],
                               kernel=str(kernel))

@@ -16,6 +16,8 @@ Usage:
     python -m jax_tiled.bench --precision highest --kernels smem,auto
     python -m jax_tiled.bench --json out.json --plot out.png
     python -m jax_tiled.bench --list-shapes
+    python -m jax_tiled.bench --train-step         # PERF.md's training step, bfloat16
+    python -m jax_tiled.bench --train-step --width 8192 --tokens 8192 --json step.json
 
 Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch
 32), "b8x2048^3"; a suffix "-tA" / "-tB" stores a (or b) transposed and passes
@@ -29,6 +31,15 @@ staying within a memory budget). One jitted function computes all R products
 warm-up, a sample is the wall time of one or more pipelined calls plus
 block_until_ready, divided by the number of products; a row reports the
 median of --repeats samples.
+
+Training step (--train-step): one jitted step of a 2-layer MLP, y = relu(x @ w1)
+@ w2 with loss mean(y**2) in float32, and jax.value_and_grad with respect to w1,
+w2 and x, timed once with `jnp.matmul` and once per requested kernel with
+`jax_tiled.matmul`; the matmul is the only difference. The step runs 6 products
+(2 forward, 4 in the VJP: x's cotangent is taken as for a block inside a deeper
+model) of 2*tokens*width^2 FLOPs each. Inputs rotate and samples are timed as
+above, per step. Our step's loss and gradients must match the peer's within a
+tolerance for the dtype, or the row fails and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -148,8 +160,8 @@ def parse_shape(text: str) -> Shape:
 # ---------------------------------------------------------------------------
 # Products and timing
 
-def product_fn(shape: Shape, precision: str, kernel: str):
-    """fn(a, b) for one product on the stored operands; `kernel` is PEER or a rung."""
+def matmul_fn(precision: str, kernel: str):
+    """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the rung `kernel`."""
     prec = lax.Precision(precision)
     if kernel == PEER:
         def mm(a, b):
@@ -159,6 +171,12 @@ def product_fn(shape: Shape, precision: str, kernel: str):
 
         def mm(a, b):
             return jax_tiled.matmul(a, b, precision=prec, kernel=kernel)
+    return mm
+
+
+def product_fn(shape: Shape, precision: str, kernel: str):
+    """fn(a, b) for one product on the stored operands; `kernel` is PEER or a rung."""
+    mm = matmul_fn(precision, kernel)
     if shape.transpose == "tA":
         return lambda a_t, b: mm(a_t.mT, b)
     if shape.transpose == "tB":
@@ -166,19 +184,22 @@ def product_fn(shape: Shape, precision: str, kernel: str):
     return mm
 
 
-def choose_sets(shape: Shape, itemsize: int, budget: Budget) -> int:
-    pair = shape.input_bytes(itemsize)
-    want = math.ceil(budget.target_bytes / pair)
-    return max(1, min(want, budget.max_sets, budget.max_bytes // pair))
+def choose_sets(set_bytes: int, budget: Budget) -> int:
+    """How many input sets of set_bytes each to rotate through."""
+    want = math.ceil(budget.target_bytes / set_bytes)
+    return max(1, min(want, budget.max_sets, budget.max_bytes // set_bytes))
+
+
+def random_sets(shapes, dtype, n_sets: int, seed: int) -> list[tuple]:
+    """n_sets distinct tuples of random-normal arrays of these shapes, generated on the device."""
+    keys = iter(jax.random.split(jax.random.key(seed), len(shapes) * n_sets))
+    sets = [tuple(jax.random.normal(next(keys), s, dtype) for s in shapes) for _ in range(n_sets)]
+    return jax.block_until_ready(sets)
 
 
 def make_inputs(shape: Shape, dtype, n_sets: int, seed: int):
     """n_sets distinct random-normal (a, b) pairs, generated on the device."""
-    a_shape, b_shape = shape.stored_shapes
-    keys = jax.random.split(jax.random.key(seed), 2 * n_sets)
-    sets = [(jax.random.normal(keys[2 * i], a_shape, dtype),
-             jax.random.normal(keys[2 * i + 1], b_shape, dtype)) for i in range(n_sets)]
-    return jax.block_until_ready(sets)
+    return random_sets(shape.stored_shapes, dtype, n_sets, seed)
 
 
 @dataclasses.dataclass
@@ -186,18 +207,19 @@ class Timing:
     seconds: float           # median per product
     samples: list[float]     # per-product seconds of each sample
     calls: int               # jitted calls pipelined per sample
-    first: np.ndarray | None  # the first product's output, when asked for
+    first: np.ndarray | None  # fn's output on the first set (NumPy leaves), when asked for
 
 
 def time_products(fn, sets, *, repeats: int, warmup: int, budget: Budget,
                   keep_first: bool) -> Timing:
-    """Median per-product wall time of one jitted function computing every pair.
+    """Median per-set wall time of one jitted function applying fn to every set
+    of operands (a product's pair, or a training step's arrays).
     Calls are pipelined (dispatched back to back, blocked on once) until a sample
     lasts about budget.sample_s, with their outputs within budget.max_bytes."""
-    run = jax.jit(lambda pairs: [fn(a, b) for a, b in pairs])
+    run = jax.jit(lambda sets: [fn(*operands) for operands in sets])
     out = jax.block_until_ready(run(sets))  # compiles
-    first = np.asarray(out[0]) if keep_first else None
-    out_bytes = sum(x.nbytes for x in out)
+    first = jax.tree.map(np.asarray, out[0]) if keep_first else None
+    out_bytes = sum(x.nbytes for x in jax.tree.leaves(out))
     del out
     elapsed = budget.sample_s
     for _ in range(max(1, warmup)):
@@ -233,8 +255,17 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 # ---------------------------------------------------------------------------
 # Rows
 
+class VersusPeer:
+    """A row timed against the peer: it has a kernel, and the peer's rows are PEER."""
+    kernel: str
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kernel == PEER
+
+
 @dataclasses.dataclass
-class Row:
+class Row(VersusPeer):
     shape: str
     batch: int
     m: int
@@ -256,26 +287,32 @@ class Row:
     samples_ms: list[float] | None = None
     error: str | None = None
 
-    @property
-    def is_peer(self) -> bool:
-        return self.kernel == PEER
+
+def measure_into(row, fn, sets, flops: int, args, budget: Budget, *,
+                 keep_first: bool) -> Timing | None:
+    """Times fn over the sets into row (ms, TFLOP/s for `flops` per set, samples);
+    returns the timing, or None with row.error set when fn fails."""
+    try:
+        timing = time_products(fn, sets, repeats=args.repeats, warmup=args.warmup,
+                               budget=budget, keep_first=keep_first)
+    except Exception as exc:  # noqa: BLE001 - an unsupported rung is a row, not a crash
+        row.error = f"{type(exc).__name__}: {exc}"
+        return None
+    row.ms = timing.seconds * 1e3
+    row.samples_ms = [s * 1e3 for s in timing.samples]
+    row.calls = timing.calls
+    row.tflops = flops / timing.seconds / 1e12
+    return timing
 
 
 def measure_row(shape: Shape, dtype: str, precision: str, kernel: str, sets, ref,
                 args, budget: Budget) -> Row:
     row = Row(shape.name, shape.batch, shape.m, shape.k, shape.n, shape.transpose, dtype,
               precision, kernel, len(sets))
-    try:
-        timing = time_products(product_fn(shape, precision, kernel), sets,
-                               repeats=args.repeats, warmup=args.warmup, budget=budget,
-                               keep_first=ref is not None)
-    except Exception as exc:  # noqa: BLE001 - an unsupported rung is a row, not a crash
-        row.error = f"{type(exc).__name__}: {exc}"
+    timing = measure_into(row, product_fn(shape, precision, kernel), sets, shape.flops, args,
+                          budget, keep_first=ref is not None)
+    if timing is None:
         return row
-    row.ms = timing.seconds * 1e3
-    row.samples_ms = [s * 1e3 for s in timing.samples]
-    row.calls = timing.calls
-    row.tflops = shape.flops / timing.seconds / 1e12
     if shape.skinny:
         row.gbps = shape.bytes_moved(np.dtype(dtype).itemsize) / timing.seconds / 1e9
     if ref is not None:
@@ -283,12 +320,12 @@ def measure_row(shape: Shape, dtype: str, precision: str, kernel: str, sets, ref
     return row
 
 
-def attach_ratio(row: Row, peer: Row | None) -> None:
+def attach_ratio(row, peer) -> None:
     if peer is None:
         return
     row.peer_precision = peer.precision
     row.peer_ms = peer.ms
-    if row.ms and peer.ms:
+    if row.ms and peer.ms and row.error is None:  # a wrong result's speed is no ratio
         row.ratio = peer.ms / row.ms
 
 
@@ -328,6 +365,12 @@ class Progress:
         elif self.enabled:
             sys.stderr.write(f"\r[{self.done:>3}/{self.total}] done{' ' * 56}\n")
 
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 # ---------------------------------------------------------------------------
 # The run
@@ -344,28 +387,19 @@ def plan(args) -> list[tuple[Shape, str, list[str]]]:
             for shape in args.shapes for dtype in args.dtype]
 
 
-def count_rows(work, kernels: list[str]) -> int:
+def count_rows(precision_lists: list[list[str]], kernels: list[str]) -> int:
+    """Rows that measure_against_peers makes, over calls with these precisions."""
     total = 0
-    for _, _, precs in work:
+    for precs in precision_lists:
         peers = {PEER_PRECISION[p] for p in precs}
         total += len(peers) + len(precs) * len(kernels)
     return total
 
 
-def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str], args,
-              budget: Budget, progress: Progress) -> list[Row]:
-    sets = make_inputs(shape, jnp.dtype(dtype), choose_sets(shape, np.dtype(dtype).itemsize,
-                                                            budget), args.seed)
-    small = shape.batch * shape.m * shape.n * shape.k <= CHECK_MAX_MNK
-    ref = reference(shape, sets) if args.check and small else None
+def measure_against_peers(precisions: list[str], kernels: list[str], measure) -> list:
+    """Rows of measure(precision, kernel): the peer once per peer precision, before
+    the kernels it is compared with, and each kernel row with its ratio to it."""
     rows, peers = [], {}
-
-    def measure(precision, kernel):
-        progress.describe(f"{shape.name} {dtype} {precision} {kernel}")
-        row = measure_row(shape, dtype, precision, kernel, sets, ref, args, budget)
-        progress.step()
-        return row
-
     for precision in precisions:
         peer_prec = PEER_PRECISION[precision]
         if peer_prec not in peers:
@@ -375,20 +409,172 @@ def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str
             row = measure(precision, kernel)
             attach_ratio(row, peers[peer_prec])
             rows.append(row)
-    del sets
     return rows
+
+
+def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str], args,
+              budget: Budget, progress: Progress) -> list[Row]:
+    n_sets = choose_sets(shape.input_bytes(np.dtype(dtype).itemsize), budget)
+    sets = make_inputs(shape, jnp.dtype(dtype), n_sets, args.seed)
+    small = shape.batch * shape.m * shape.n * shape.k <= CHECK_MAX_MNK
+    ref = reference(shape, sets) if args.check and small else None
+
+    def measure(precision, kernel):
+        progress.describe(f"{shape.name} {dtype} {precision} {kernel}")
+        row = measure_row(shape, dtype, precision, kernel, sets, ref, args, budget)
+        progress.step()
+        return row
+
+    return measure_against_peers(precisions, kernels, measure)
 
 
 def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
     work = plan(args)
-    progress = Progress(count_rows(work, kernels), enabled=not args.no_progress)
     rows = []
-    try:
+    with Progress(count_rows([precs for _, _, precs in work], kernels),
+                  enabled=not args.no_progress) as progress:
         for shape, dtype, precisions in work:
             rows += run_shape(shape, dtype, precisions, kernels, args, budget, progress)
             jax.clear_caches()
-    finally:
-        progress.close()
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Training step
+
+TRAIN_WIDTH = {"gpu": 8192, "cpu": 1024}  # PERF.md's width; on a CPU, one that takes seconds
+
+# Largest relative difference allowed between our step's loss and gradients and the
+# peer's. Both sides round h, y and the cotangents to the dtype after accumulating
+# in different orders, so elements can round one unit apart, and that propagates
+# through the later products: a few units of the dtype's rounding (bfloat16 2^-8,
+# float16 2^-11) with a margin. float32 at default precision may run as TF32
+# (float16's mantissa) on either side, so it gets float16's tolerance.
+AGREEMENT_TOL = {"bfloat16": 3e-2, "float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
+
+
+def agreement_tolerance(dtype: str, precision: str) -> float:
+    if dtype == "float32" and precision == "default":
+        return AGREEMENT_TOL["float16"]
+    return AGREEMENT_TOL[dtype]
+
+
+@dataclasses.dataclass
+class StepRow(VersusPeer):
+    """One training step timed with one matmul (see the module docstring)."""
+    width: int
+    tokens: int
+    dtype: str
+    precision: str
+    kernel: str
+    sets: int
+    ms: float | None = None          # per step
+    tflops: float | None = None      # FLOPs of the step's products per second
+    ratio: float | None = None       # peer ms / ms
+    peer_ms: float | None = None
+    peer_precision: str | None = None
+    loss: float | None = None
+    loss_diff: float | None = None   # |loss - peer's| / |peer's|
+    grad_diff: float | None = None   # worst of dw1, dw2, dx: ||g - peer's|| / ||peer's||
+    tolerance: float | None = None   # the most loss_diff and grad_diff may be
+    calls: int | None = None
+    samples_ms: list[float] | None = None
+    error: str | None = None
+
+
+def mlp_loss(matmul, w1, w2, x):
+    """Mean square of a 2-layer MLP's output, reduced in float32 as mixed-precision
+    training does."""
+    y = matmul(jax.nn.relu(matmul(x, w1)), w2)
+    return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+
+def train_step_fn(precision: str, kernel: str):
+    """step(w1, w2, x) -> (loss, (dw1, dw2, dx)), every product by matmul_fn(precision, kernel)."""
+    return jax.value_and_grad(functools.partial(mlp_loss, matmul_fn(precision, kernel)),
+                              argnums=(0, 1, 2))
+
+
+def train_step_products(width: int, tokens: int) -> list[Shape]:
+    """The products one step runs, as M x K x N of op(a) @ op(b)."""
+    t, w = tokens, width
+    return [Shape(t, w, w), Shape(t, w, w),  # forward: z = x @ w1, y = relu(z) @ w2
+            Shape(t, w, w), Shape(w, t, w),  # layer 2's VJP: dy @ w2.T, relu(z).T @ dy
+            Shape(t, w, w), Shape(w, t, w)]  # layer 1's VJP: dz @ w1.T, x.T @ dz
+
+
+def train_step_flops(width: int, tokens: int) -> int:
+    return sum(p.flops for p in train_step_products(width, tokens))
+
+
+def make_step_inputs(width: int, tokens: int, dtype, budget: Budget, seed: int) -> list[tuple]:
+    """Rotating (w1, w2, x) sets, random normal, the weights scaled by 1/sqrt(width)
+    as at initialisation, so that activations stay near unit scale at any width."""
+    shapes = ((width, width), (width, width), (tokens, width))
+    set_bytes = sum(map(math.prod, shapes)) * jnp.dtype(dtype).itemsize
+    sets = random_sets(shapes, dtype, choose_sets(set_bytes, budget), seed)
+    scale = 1 / math.sqrt(width)
+    return jax.block_until_ready([(w1 * scale, w2 * scale, x) for w1, w2, x in sets])
+
+
+def relative_difference(ours, peer) -> float:
+    """||ours - peer|| / ||peer|| in float64; inf or nan when either is not finite."""
+    ours, peer = np.asarray(ours, np.float64), np.asarray(peer, np.float64)
+    return float(np.linalg.norm(ours - peer) / max(np.linalg.norm(peer), np.finfo(float).tiny))
+
+
+def check_agreement(row: StepRow, ours, peer) -> None:
+    """Records how far our step's loss and gradients are from the peer's. Past the
+    tolerance, or not finite, the row fails: it gets no ratio and the run exits 1,
+    so that a wrong kernel cannot pass for a fast one."""
+    (loss, grads), (peer_loss, peer_grads) = ours, peer
+    row.loss_diff = relative_difference(loss, peer_loss)
+    row.grad_diff = float(np.max([relative_difference(g, p) for g, p in zip(grads, peer_grads)]))
+    row.tolerance = agreement_tolerance(row.dtype, row.precision)
+    if not (row.loss_diff <= row.tolerance and row.grad_diff <= row.tolerance):  # nan fails too
+        row.error = (f"disagrees with {PEER}: loss by {row.loss_diff:.1e}, gradients by "
+                     f"{row.grad_diff:.1e} (relative; tolerance {row.tolerance:.0e})")
+
+
+def measure_step(dtype: str, precision: str, kernel: str, sets, args, budget: Budget):
+    """The step's row, and its (loss, grads) on the first set (None when it failed)."""
+    row = StepRow(args.width, args.tokens, dtype, precision, kernel, len(sets))
+    timing = measure_into(row, train_step_fn(precision, kernel), sets,
+                          train_step_flops(args.width, args.tokens), args, budget,
+                          keep_first=True)
+    if timing is None:
+        return row, None
+    row.loss = float(timing.first[0])
+    return row, timing.first
+
+
+def run_train_step(dtype: str, precisions: list[str], kernels: list[str], args,
+                   budget: Budget, progress: Progress) -> list[StepRow]:
+    sets = make_step_inputs(args.width, args.tokens, jnp.dtype(dtype), budget, args.seed)
+    peer_outputs = {}  # peer precision -> the peer step's (loss, grads) on the first set
+
+    def measure(precision, kernel):
+        progress.describe(f"train step {args.width} {dtype} {precision} {kernel}")
+        row, outputs = measure_step(dtype, precision, kernel, sets, args, budget)
+        peer = peer_outputs.get(PEER_PRECISION[precision])
+        if row.is_peer:
+            peer_outputs[precision] = outputs
+        elif outputs is not None and peer is not None:
+            check_agreement(row, outputs, peer)
+        progress.step()
+        return row
+
+    return measure_against_peers(precisions, kernels, measure)
+
+
+def run_train_steps(args, kernels: list[str], budget: Budget) -> list[StepRow]:
+    precisions = args.precision or ["default"]
+    rows = []
+    with Progress(count_rows([precisions] * len(args.dtype), kernels),
+                  enabled=not args.no_progress) as progress:
+        for dtype in args.dtype:
+            rows += run_train_step(dtype, precisions, kernels, args, budget, progress)
+            jax.clear_caches()
     return rows
 
 
@@ -424,18 +610,24 @@ def _gbps_text(row: Row, hbm: float | None) -> str:
 def format_table(rows: list[Row], hbm: float | None) -> str:
     head = ("shape", "dtype", "precision", "kernel", "sets", "ms", "TFLOP/s", "GB/s",
             "x peer", "rel.err")
-    cells = {id(row): _row_cells(row, hbm) for row in rows}
+    return _text_table(head, rows, lambda row: _row_cells(row, hbm), left=4)
+
+
+def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
+    """Aligned columns, the first `left` (what a row measures) flush left. A failed
+    row shows those and the next cell, then its error in place of the numbers."""
+    cells = {id(row): cells_of(row) for row in rows}
     widths = [max(len(c[i]) for c in (head, *cells.values())) for i in range(len(head))]
 
     def line(values):
-        return "  ".join(v.ljust(w) if i < 4 else v.rjust(w)
+        return "  ".join(v.ljust(w) if i < left else v.rjust(w)
                          for i, (v, w) in enumerate(zip(values, widths))).rstrip()
 
     out = [line(head), line(["-" * w for w in widths])]
     for row in rows:
         if row.error:
             message = row.error.splitlines()[0][:100]
-            out.append(f"{line(cells[id(row)][:5])}  ERROR {message}")
+            out.append(f"{line(cells[id(row)][:left + 1])}  ERROR {message}")
         else:
             out.append(line(cells[id(row)]))
     return "\n".join(out)
@@ -448,6 +640,29 @@ def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), _gbps_text(row, hbm),
                    ratio, _fmt(row.rel_error, ".1e"))
+
+
+def format_step_table(rows: list[StepRow]) -> str:
+    head = ("dtype", "precision", "kernel", "sets", "ms/step", "TFLOP/s", "x peer", "loss",
+            "loss diff", "grad diff", "tol")
+    return _text_table(head, rows, _step_cells, left=3)
+
+
+def _step_cells(row: StepRow) -> tuple[str, ...]:
+    lead = (row.dtype, row.precision, row.kernel, str(row.sets))
+    if row.error:
+        return lead + ("",) * 7
+    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
+    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), ratio, _fmt(row.loss, ".5g"),
+                   _fmt(row.loss_diff, ".1e"), _fmt(row.grad_diff, ".1e"),
+                   _fmt(row.tolerance, ".0e"))
+
+
+def describe_train_step(width: int, tokens: int) -> str:
+    products = train_step_products(width, tokens)
+    return (f"training step: 2-layer MLP, width {width}, {tokens} tokens; y = relu(x @ w1) @ w2, "
+            f"loss mean(y**2) in float32, value_and_grad wrt w1, w2, x: {len(products)} "
+            f"products, {train_step_flops(width, tokens) / 1e12:.4g} TFLOP per step")
 
 
 def format_geomeans(summary: list[dict]) -> str:
@@ -495,6 +710,10 @@ def _cpu_model() -> str:
     return host_platform.processor() or host_platform.machine()
 
 
+def heading(info: dict) -> str:
+    return f"# {device_label(info)}, jax {info['jax_version']}, {info['date']}"
+
+
 def device_label(info: dict) -> str:
     if info["platform"] == "cpu":
         return f"CPU: {info['cpu']} ({info['cpu_count']} cores)"
@@ -508,10 +727,10 @@ def hbm_gbps(device_kind: str) -> float | None:
     return None
 
 
-def write_json(path: str, info: dict, args, rows: list[Row], summary: list[dict]) -> None:
+def write_json(path: str, info: dict, args, rows: list, **sections) -> None:
     doc = {**info, "argv": args.argv, "repeats": args.repeats, "warmup": args.warmup,
            "peer_precision": PEER_PRECISION, "rows": [dataclasses.asdict(r) for r in rows],
-           "geomeans": summary}
+           **sections}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
@@ -597,12 +816,13 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", action="append", metavar="DT",
                    help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
-                        "(default float32)")
+                        "(default float32; --train-step: bfloat16)")
     p.add_argument("--precision", action="append", metavar="P",
                    help="precision(s): default, high, highest (default: default and highest "
                         "for float32, default otherwise)")
     p.add_argument("--kernels", action="append", metavar="K",
-                   help="subset of kernel rungs (names from jax_tiled.kernels(), or auto)")
+                   help="subset of kernel rungs (names from jax_tiled.kernels(), or auto; "
+                        "--train-step: default auto)")
     p.add_argument("--shapes", action="append", metavar="S",
                    help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA")
     p.add_argument("--quick", action="store_true",
@@ -619,9 +839,25 @@ def parse_args(argv):
     p.add_argument("--json", metavar="PATH", help="write machine-readable results")
     p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
     p.add_argument("--list-shapes", action="store_true", help="print the suites and exit")
+    p.add_argument("--train-step", action="store_true",
+                   help="time PERF.md's training step (forward + VJP of a 2-layer MLP) with "
+                        "jnp.matmul and with each kernel, instead of single products "
+                        "(default dtype bfloat16, precision default)")
+    p.add_argument("--width", type=int, metavar="W",
+                   help=f"--train-step: the MLP's width (default {TRAIN_WIDTH['gpu']}; "
+                        f"{TRAIN_WIDTH['cpu']} on CPU)")
+    p.add_argument("--tokens", "--batch-rows", type=int, metavar="T",
+                   help="--train-step: rows of x, i.e. batch x sequence (default: the width)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    args.dtype = _split(args.dtype) or ["float32"]
+    if args.train_step and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
+        p.error("--train-step times the MLP step only: --shapes, --cpu-suite, --plot and "
+                "--list-shapes do not apply")
+    if not args.train_step and (args.width or args.tokens):
+        p.error("--width and --tokens go with --train-step")
+    if any(v is not None and v < 1 for v in (args.width, args.tokens)):
+        p.error("--width and --tokens must be positive")
+    args.dtype = _split(args.dtype) or (["bfloat16"] if args.train_step else ["float32"])
     args.precision = _split(args.precision)
     args.kernels = _split(args.kernels)
     args.shapes = _split(args.shapes)
@@ -673,29 +909,59 @@ def main(argv=None) -> int:
     import jax_tiled
 
     on_cpu = jax.default_backend() == "cpu"
-    kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
-    args.shapes = args.shapes or default_shapes(args, on_cpu)
     budget = CPU_BUDGET if on_cpu else GPU_BUDGET
     info = device_info()
+    if args.train_step:
+        return train_step_main(parser, args, on_cpu, budget, info)
+    kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
+    args.shapes = args.shapes or default_shapes(args, on_cpu)
     print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
           f"{len(args.shapes)} shapes x {args.dtype}; median of {args.repeats}",
           file=sys.stderr)
 
     rows = run_all(args, kernels, budget)
     summary = geomeans(rows)
-    print(f"# {device_label(info)}, jax {info['jax_version']}, {info['date']}")
+    print(heading(info))
     print(format_table(rows, hbm_gbps(info["device"])))
     if any(r.precision == "high" for r in rows):
         print("(precision high: ratio against jnp.matmul at precision highest, per PERF.md)")
     print()
     print(format_geomeans(summary))
     if args.json:
-        write_json(args.json, info, args, rows, summary)
+        write_json(args.json, info, args, rows, geomeans=summary)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         write_plot(args.plot, info, rows)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0 if any(r.error is None for r in rows) else 1
+
+
+def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
+    """--train-step: exit status 1 when any step failed or disagreed with the peer's."""
+    import jax_tiled
+
+    kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
+    args.width = args.width or TRAIN_WIDTH["cpu" if on_cpu else "gpu"]
+    args.tokens = args.tokens or args.width
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+          f"training step at width {args.width}, {args.tokens} tokens x {args.dtype}; "
+          f"median of {args.repeats}", file=sys.stderr)
+
+    rows = run_train_steps(args, kernels, budget)
+    print(heading(info))
+    print(describe_train_step(args.width, args.tokens))
+    print(format_step_table(rows))
+    if args.json:
+        write_json(args.json, info, args, rows, train_step={
+            "width": args.width, "tokens": args.tokens,
+            "flops_per_step": train_step_flops(args.width, args.tokens),
+            "model": describe_train_step(args.width, args.tokens)})
+        print(f"wrote {args.json}", file=sys.stderr)
+    failed = [row for row in rows if row.error]
+    for row in failed:
+        print(f"bench: training step FAILED with {row.kernel} ({row.dtype}, {row.precision}): "
+              f"{row.error}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,19 @@
-"""The benchmark CLI runs end to end on a tiny shape and writes its JSON."""
+"""The benchmark CLI runs end to end on tiny problems and writes its JSON."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_tiled
 from jax_tiled import bench
+
+TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "float32",
+             "--repeats", "5", "--no-progress"]
 
 
 def test_bench_runs_and_writes_json(tmp_path):
@@ -15,3 +24,66 @@ def test_bench_runs_and_writes_json(tmp_path):
     kernels = {row["kernel"] for row in result["rows"]}
     assert {"jnp.matmul", "auto"} <= kernels
     assert all(row.get("error") is None for row in result["rows"])
+
+
+def run_tiny_step(tmp_path) -> tuple[int, dict, dict]:
+    """The exit status, the JSON document, and its rows by kernel."""
+    out = tmp_path / "step.json"
+    status = bench.main([*TINY_STEP, "--json", str(out)])
+    result = json.loads(out.read_text())
+    return status, result, {row["kernel"]: row for row in result["rows"]}
+
+
+def test_train_step_times_ours_against_the_peer(tmp_path, capsys):
+    status, result, rows = run_tiny_step(tmp_path)
+    assert status == 0
+    assert result["train_step"]["flops_per_step"] == 6 * 2 * 32 * 64 * 64
+    assert set(rows) == {"jnp.matmul", "auto"}
+    for row in rows.values():
+        assert row["error"] is None and row["ms"] > 0 and row["tflops"] > 0
+        assert math.isfinite(row["loss"]) and row["loss"] > 0
+    ours = rows["auto"]
+    assert math.isfinite(ours["ratio"]) and ours["ratio"] > 0
+    assert ours["grad_diff"] <= ours["tolerance"] and ours["loss_diff"] <= ours["tolerance"]
+    printed = capsys.readouterr().out
+    assert "width 64, 32 tokens" in printed
+    assert any(line.split()[2:3] == ["auto"] for line in printed.splitlines())
+
+
+@jax.custom_vjp
+def _wrong_cotangent(y):
+    return y
+
+
+_wrong_cotangent.defvjp(lambda y: (y, None), lambda _, ct: (ct * 1.05,))
+
+# A wrong kernel, as seen by the step: its product off by 5%, or only its VJP off
+# (the loss then agrees, so only the gradient check can catch it).
+WRONG_PRODUCTS = {
+    "forward": lambda right: lambda a, b, **kw: right(a, b, **kw) * 1.05,
+    "backward": lambda right: lambda a, b, **kw: _wrong_cotangent(right(a, b, **kw)),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_PRODUCTS))
+def test_train_step_fails_when_our_products_are_wrong(tmp_path, capsys, monkeypatch, wrong):
+    monkeypatch.setattr(jax_tiled, "matmul", WRONG_PRODUCTS[wrong](jax_tiled.matmul))
+    status, _, rows = run_tiny_step(tmp_path)
+    assert status == 1
+    ours = rows["auto"]
+    assert ours["error"].startswith("disagrees with jnp.matmul")
+    assert ours["ratio"] is None
+    assert ours["grad_diff"] > ours["tolerance"]
+    if wrong == "backward":  # caught by the gradients alone
+        assert ours["loss_diff"] <= ours["tolerance"]
+    assert rows["jnp.matmul"]["error"] is None
+    assert "training step FAILED with auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kernel, product", [("jnp.matmul", "dot_general["),
+                                             ("auto", "tiled_matmul[")])
+def test_train_step_runs_the_products_it_counts(kernel, product):
+    width, tokens = 16, 8
+    operands = (jnp.ones((width, width)), jnp.ones((width, width)), jnp.ones((tokens, width)))
+    jaxpr = str(jax.make_jaxpr(bench.train_step_fn("default", kernel))(*operands))
+    assert jaxpr.count(product) == len(bench.train_step_products(width, tokens))

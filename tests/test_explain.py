@@ -54,11 +54,14 @@ def test_cuda_auto_float64():
 
 @needs_cuda_module
 def test_cuda_auto_by_dtype():
-    """cp.async cannot convert: 16-bit inputs and float64 results go elsewhere."""
+    """16-bit inputs go to the tensor cores; cp.async cannot convert, so
+    float64 results go to warptile."""
     text = jax_tiled.explain(S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16),
                              backend="gpu")
-    assert "warptile: 64 x 64 blocks" in text
-    assert "bfloat16 -> bfloat16 needs warptile's converting copies" in text
+    if _ffi.cuda_compute_capability() == _ffi.HOPPER:
+        assert "wgmma: 16-bit inputs on a Hopper GPU" in text
+    else:
+        assert "mma: 16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU" in text
     with jax.enable_x64(True):
         text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
                                  preferred_element_type=jnp.float64, backend="gpu")
@@ -66,11 +69,33 @@ def test_cuda_auto_by_dtype():
 
 
 @needs_cuda_module
-def test_kernel_dtype_mismatch_named():
-    assert jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", np.float32, np.float32) == ""
-    assert jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", np.float32, jnp.bfloat16) == ""
-    why = jax_tiled._ffi.dtype_mismatch("cuda", "pipelined", jnp.float16, np.float32)
+@pytest.mark.parametrize("a,b,transpose_a,rows", [
+    ((512, 17), (17, 512), False, 17),  # a's rows are K = 17 long
+    ((512, 17), (512, 512), True, 17),  # a stored (K, M): rows of M = 17
+], ids=str)
+def test_cuda_auto_routes_rows_the_copy_engine_cannot_read_to_mma(a, b, transpose_a, rows):
+    (m, k), n = ((a[1], a[0]) if transpose_a else a), b[1]
+    problem = (1, 1, m, n, k, transpose_a, False)
+    text = _ffi.cuda_explain("bfloat16", "bfloat16", problem, 132)
+    if _ffi.cuda_compute_capability() == _ffi.HOPPER:
+        assert text.startswith("mma: 16-bit inputs: mma.sync tensor cores, since the TMA copy "
+                               f"engine needs rows and batches that start at multiples of 16 "
+                               f"bytes (a's rows are {rows} elements")
+    assert _ffi.refusal("cuda", "mma", jnp.bfloat16, jnp.bfloat16, problem) == ""
+
+
+@needs_cuda_module
+def test_refusal_names_the_kernel_and_dtypes():
+    assert _ffi.refusal("cuda", "pipelined", np.float32, np.float32) == ""
+    assert _ffi.refusal("cuda", "pipelined", np.float32, jnp.bfloat16) == ""
+    why = _ffi.refusal("cuda", "pipelined", jnp.float16, np.float32)
     assert "kernel 'pipelined'" in why and "got float16 -> float32" in why
-    assert "got float32 -> float64" in jax_tiled._ffi.dtype_mismatch("cuda", "pipelined",
-                                                                      np.float32, np.float64)
-    assert jax_tiled._ffi.dtype_mismatch("cuda", "warptile", jnp.float16, np.float32) == ""
+    assert "got float32 -> float64" in _ffi.refusal("cuda", "pipelined", np.float32, np.float64)
+    assert _ffi.refusal("cuda", "warptile", jnp.float16, np.float32) == ""
+    for kernel in ("mma", "wgmma"):
+        assert "got float32 -> float32" in _ffi.refusal("cuda", kernel, np.float32, np.float32)
+        assert "got bfloat16 -> float64" in _ffi.refusal("cuda", kernel, jnp.bfloat16, np.float64)
+    assert _ffi.refusal("cuda", "mma", jnp.float16, np.float32) == ""
+    batch_stride_odd = (3, 3, 9, 64, 64, True, False)  # a stored (3, 64, 9): rows of 9
+    assert "kernel 'wgmma' reads operands with the TMA copy engine" in _ffi.refusal(
+        "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd)

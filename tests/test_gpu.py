@@ -68,8 +68,10 @@ def test_operand_over_2_31_elements(dtype):
 
 def test_cuda_kernels_listed():
     names = jax_tiled.kernels("gpu")
-    assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= set(names)
+    assert {"smem", "smem16", "regblock", "warptile", "pipelined", "mma"} <= set(names)
     assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
+    assert "mma" in jax_tiled.kernels("gpu", jnp.bfloat16)
+    assert not {"mma", "wgmma"} & set(jax_tiled.kernels("gpu", jnp.float32))
     assert "smem_racy_for_testing" not in names
 
 

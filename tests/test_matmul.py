@@ -106,7 +106,8 @@ def test_dtypes_and_transposes(platform, rng, dtype, transpose):
         b = random_array(rng, (2, n, k) if "b" in transpose else (2, k, n), dtype)
         a_op = np.swapaxes(a, 1, 2) if "a" in transpose else a
         b_op = np.swapaxes(b, 1, 2) if "b" in transpose else b
-        for kernel in kernels_on(platform, dtype):
+        problem = (2, 2, m, n, k, "a" in transpose, "b" in transpose)
+        for kernel in kernels_on(platform, dtype, problem=problem):
             out = jax_tiled.tiled_matmul_p.bind(
                 jnp.asarray(a), jnp.asarray(b), transpose_a="a" in transpose,
                 transpose_b="b" in transpose, out_dtype=np.dtype(dtype),
@@ -134,7 +135,8 @@ def test_preferred_element_type(platform, rng, in_dtype, out_dtype):
     with x64():
         a = random_array(rng, (3, 21, 130), in_dtype)
         b = random_array(rng, (130, 19), in_dtype)
-        for kernel in kernels_on(platform, in_dtype, out_dtype):
+        for kernel in kernels_on(platform, in_dtype, out_dtype,
+                                 problem=(1, 1, 3 * 21, 19, 130, False, False)):
             out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
                                    precision="highest")
             assert_matmul_close(out, a, b, platform=platform, precision="highest",
@@ -151,7 +153,8 @@ def test_bit_exact_on_small_integers(platform, rng, dtype, k):
         ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
         assert np.abs(ref).max() > 0
         out_dtype = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-        for kernel in kernels_on(platform, dtype, out_dtype):
+        for kernel in kernels_on(platform, dtype, out_dtype,
+                                 problem=(2, 2, 45, 77, k, False, False)):
             for precision in ("default", "high", "highest"):
                 out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
                                        precision=precision)

@@ -3,8 +3,9 @@
 # required, compute-sanitizer on small odd shapes (plus the planted race), and
 # the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
 #   usage: [STEPS="tests sanitize bench"] [RUNGS="warptile pipelined"] \
-#          tools/device_check.sh [bench args...]
-# RUNGS limits the sanitizer runs (default: every CUDA rung).
+#          [TESTS="tests/test_tensor_cores.py"] tools/device_check.sh [bench args...]
+# RUNGS limits the sanitizer runs (default: every CUDA rung); TESTS the
+# pytest paths, relative to the repository (default: tests, all of them).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
@@ -24,7 +25,8 @@ cd /tmp  # import the installed package, not the source tree
 repo=$OLDPWD
 
 if [[ " $steps " == *" tests "* ]]; then
-  JAX_TILED_REQUIRE_GPU=1 timeout 900 python3 -m pytest -q -p no:cacheprovider "$repo/tests" \
+  test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
+  JAX_TILED_REQUIRE_GPU=1 timeout 900 python3 -m pytest -q -p no:cacheprovider "${test_paths[@]}" \
     >"$OUT/tests.log" 2>&1
   note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$? :: $(tail -1 "$OUT/tests.log")"
 fi

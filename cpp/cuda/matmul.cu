@@ -16,10 +16,12 @@
 #include <string_view>
 #include <type_traits>
 
+#include "cuda/kernels/mma_sync_pipelined.cuh"
 #include "cuda/kernels/register_blocked.cuh"
 #include "cuda/kernels/simt_cp_async_pipelined.cuh"
 #include "cuda/kernels/simt_warptiled.cuh"
 #include "cuda/kernels/smem_tiled.cuh"
+#include "cuda/kernels/wgmma_tma_warp_specialized.cuh"
 #include "ffi_common.h"
 #include "problem.h"
 
@@ -33,7 +35,9 @@ template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
 template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
 template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
 
-enum class Rung { kAuto, kSmem32, kSmem16, kSmemRacy, kRegisterBlocked, kWarpTiled, kPipelined };
+enum class Rung {
+  kAuto, kSmem32, kSmem16, kSmemRacy, kRegisterBlocked, kWarpTiled, kPipelined, kMma, kWgmma
+};
 
 std::optional<Rung> ParseKernel(std::string_view name) {
   if (name == "auto") return Rung::kAuto;
@@ -41,6 +45,8 @@ std::optional<Rung> ParseKernel(std::string_view name) {
   if (name == "regblock") return Rung::kRegisterBlocked;
   if (name == "warptile") return Rung::kWarpTiled;
   if (name == "pipelined") return Rung::kPipelined;
+  if (name == "mma") return Rung::kMma;
+  if (name == "wgmma") return Rung::kWgmma;
   if (name == "smem16") return Rung::kSmem16;
   // Deliberately missing from kKernelNames: this is "smem" without its second
   // barrier, a known data race that the compute-sanitizer racecheck test runs
@@ -62,19 +68,33 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
-// Multiprocessors of the current device, read once per device: the launch
-// path must not pay for a driver query on every call.
-int MultiprocessorCount() {
-  static std::atomic<int> cached[64];
+// What the launch path needs to know of the current device, read once per
+// device: a driver query on every call would cost more than a small matmul.
+struct DeviceFacts {
+  int multiprocessors = 132;
+  int compute_capability = 90;  // major * 10 + minor
+};
+
+DeviceFacts CurrentDevice() {
+  static std::atomic<int> multiprocessors[64], capability[64];
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
-  int count = cached[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      count = 132;
-    cached[device].store(count, std::memory_order_relaxed);
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return {};
+  // multiprocessors is stored last (release): once seen, capability is there too.
+  DeviceFacts facts;
+  facts.multiprocessors = multiprocessors[device].load(std::memory_order_acquire);
+  facts.compute_capability = capability[device].load(std::memory_order_relaxed);
+  if (facts.multiprocessors == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&facts.multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return {};
+    facts.compute_capability = 10 * major + minor;
+    capability[device].store(facts.compute_capability, std::memory_order_relaxed);
+    multiprocessors[device].store(facts.multiprocessors, std::memory_order_release);
   }
-  return count;
+  return facts;
 }
 
 const char* RungName(Rung rung) {
@@ -85,6 +105,8 @@ const char* RungName(Rung rung) {
     case Rung::kRegisterBlocked: return "regblock";
     case Rung::kWarpTiled: return "warptile";
     case Rung::kPipelined: return "pipelined";
+    case Rung::kMma: return "mma";
+    case Rung::kWgmma: return "wgmma";
     case Rung::kAuto: break;
   }
   return "auto";
@@ -97,31 +119,79 @@ std::optional<ffi::DataType> ParseDtype(std::string_view name) {
   return std::nullopt;
 }
 
+bool IsSixteenBit(ffi::DataType t) { return t == ffi::DataType::F16 || t == ffi::DataType::BF16; }
+
 // Whether `rung` computes in_type -> out_type: cheap, for the launch path.
 bool RungTakes(Rung rung, ffi::DataType in_type, ffi::DataType out_type) {
-  if (rung == Rung::kPipelined)  // cp.async copies float32 as is, into a float32 accumulator
-    return in_type == ffi::DataType::F32 && out_type != ffi::DataType::F64;
-  return true;
+  switch (rung) {
+    case Rung::kPipelined:  // cp.async copies float32 as is, into a float32 accumulator
+      return in_type == ffi::DataType::F32 && out_type != ffi::DataType::F64;
+    case Rung::kMma:
+    case Rung::kWgmma:  // 16-bit tensor-core instructions, float32 accumulators
+      return IsSixteenBit(in_type) && out_type != ffi::DataType::F64;
+    default: return true;
+  }
 }
 
-// Why `rung` cannot compute in_type -> out_type, or "" if it can.
-std::string DtypeMismatch(Rung rung, ffi::DataType in_type, ffi::DataType out_type) {
-  if (!RungTakes(rung, in_type, out_type))
-    return std::string("kernel 'pipelined' computes float32 inputs into a float32, bfloat16 or "
-                       "float16 result (its cp.async copies cannot convert); got ") +
-           DataTypeName(in_type) + " -> " + DataTypeName(out_type);
-  return "";
+// Whether the wgmma rung can run a problem that it takes the dtypes of: a
+// Hopper device, and operands that the copy engine can read.
+bool WgmmaRuns(const MatmulDims& d, const void* a, const void* b, int compute_capability) {
+  return compute_capability == 90 && WgmmaCanTake(d, a, b);
+}
+
+// Why `rung` cannot run this problem, or nullopt if it can. No strings are
+// built unless it cannot, so the launch path may call it.
+std::optional<std::string> Refusal(Rung rung, ffi::DataType in_type, ffi::DataType out_type,
+                                   const MatmulDims& d, const void* a, const void* b,
+                                   int compute_capability) {
+  const auto dtypes = [&] {
+    return std::string(DataTypeName(in_type)) + " -> " + DataTypeName(out_type);
+  };
+  if (!RungTakes(rung, in_type, out_type)) {
+    if (rung == Rung::kPipelined)
+      return "kernel 'pipelined' computes float32 inputs into a float32, bfloat16 or float16 "
+             "result (its cp.async copies cannot convert); got " + dtypes();
+    return std::string("kernel '") + RungName(rung) + "' computes bfloat16 or float16 inputs "
+           "into a bfloat16, float16 or float32 result (16-bit tensor-core instructions); got " +
+           dtypes();
+  }
+  if (rung == Rung::kWgmma && compute_capability != 90)
+    return "kernel 'wgmma' needs a Hopper GPU (compute capability 9.0); this one is " +
+           std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
+  if (rung == Rung::kWgmma && !WgmmaCanTake(d, a, b))
+    return "kernel 'wgmma' reads operands with the TMA copy engine, which needs every row and "
+           "batch of each stored operand to start at a multiple of 16 bytes; here a's rows are " +
+           std::to_string(d.lda) + " and b's " + std::to_string(d.ldb) +
+           " elements long (kernel='auto' runs such problems on 'mma')";
+  return std::nullopt;
 }
 
 // "auto": the fastest rung measured for the dtype and shape (NOTES.md). The
 // reason, for jax_tiled.explain, is written only when `why` is given, so the
 // launch path builds no strings.
 Rung ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims& d,
-                int multiprocessors, std::string* why = nullptr) {
+                const void* a, const void* b, DeviceFacts device, std::string* why = nullptr) {
   auto because = [&](Rung rung, auto&& reason) {
     if (why) *why = reason();
     return rung;
   };
+  const int sms = device.multiprocessors;
+  if (IsSixteenBit(in_type) && out_type != ffi::DataType::F64) {
+    if (WgmmaRuns(d, a, b, device.compute_capability))
+      return because(Rung::kWgmma, [&] {
+        return std::string("16-bit inputs on a Hopper GPU, operands the TMA copy engine can "
+                           "read: warp-specialised wgmma, ") +
+               (WgmmaUsesWideTiles(d, sms) ? "128 x 256" : "128 x 128") + " tiles";
+      });
+    return because(Rung::kMma, [&] {
+      return std::string("16-bit inputs: mma.sync tensor cores, since ") +
+             (device.compute_capability != 90
+                  ? "wgmma needs a Hopper GPU"
+                  : "the TMA copy engine needs rows and batches that start at multiples of "
+                    "16 bytes (a's rows are " + std::to_string(d.lda) + " elements, b's " +
+                        std::to_string(d.ldb) + ")");
+    });
+  }
   if (in_type == ffi::DataType::F64)
     return because(Rung::kSmem16, [] {
       return "float64: warptile would spill its 64 double accumulators per thread";
@@ -131,15 +201,15 @@ Rung ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims&
       return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding "
              "(16 x 8192 x 8192 ran 2.0 TFLOP/s there, 4.2 on smem16, H200)";
     });
-  if (WarpTileUsesLargeBlocks(d, multiprocessors))
+  if (WarpTileUsesLargeBlocks(d, sms))
     return because(Rung::kWarpTiled, [&] {
-      return "128 x 128 blocks of 8 warps fill the " + std::to_string(multiprocessors) +
+      return "128 x 128 blocks of 8 warps fill the " + std::to_string(sms) +
              " SMs at least twice; there the register-staged copies beat pipelined's cp.async "
              "(4096^3 fp32: 38.4 vs 36.5 TFLOP/s, H200)";
     });
   auto small = [&] {
     return "64 x 64 blocks of 2 warps, since 128 x 128 blocks would not fill the " +
-           std::to_string(multiprocessors) + " SMs twice";
+           std::to_string(sms) + " SMs twice";
   };
   if (RungTakes(Rung::kPipelined, in_type, out_type))
     return because(Rung::kPipelined, [&] {
@@ -155,6 +225,9 @@ Rung ChooseAuto(ffi::DataType in_type, ffi::DataType out_type, const MatmulDims&
 template <class In, class Out, class Acc>
 cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out* out,
                    cudaStream_t stream, int multiprocessors) {
+  constexpr bool kSixteenBitIn = std::is_same_v<In, __half> || std::is_same_v<In, __nv_bfloat16>;
+  // The handler has refused dtypes a rung does not take (RungTakes); the
+  // constexpr guards only keep those from being compiled.
   switch (rung) {
     case Rung::kSmem32: return LaunchSmemTiled<32, In, Out, Acc>(d, a, b, out, stream);
     case Rung::kSmem16: return LaunchSmemTiled<16, In, Out, Acc>(d, a, b, out, stream);
@@ -164,10 +237,16 @@ cudaError_t Launch(Rung rung, const MatmulDims& d, const In* a, const In* b, Out
     case Rung::kWarpTiled:
       return LaunchWarpTiled<In, Out, Acc>(d, a, b, out, stream, multiprocessors);
     case Rung::kPipelined:
-      // The handler has refused other dtypes (RungTakes); this only keeps
-      // them from being compiled.
       if constexpr (std::is_same_v<In, float> && std::is_same_v<Acc, float>)
         return LaunchPipelined<Out>(d, a, b, out, stream, multiprocessors);
+      break;
+    case Rung::kMma:
+      if constexpr (kSixteenBitIn && std::is_same_v<Acc, float>)
+        return LaunchMmaSync<In, Out>(d, a, b, out, stream, multiprocessors);
+      break;
+    case Rung::kWgmma:
+      if constexpr (kSixteenBitIn && std::is_same_v<Acc, float>)
+        return LaunchWgmma<In, Out>(d, a, b, out, stream, multiprocessors);
       break;
     case Rung::kAuto: break;
   }
@@ -182,19 +261,24 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const MatmulProblem& p = problem.value();
   const std::optional<Rung> rung = ParseKernel(p.kernel);
   if (!rung) return UnknownKernel("CUDA", p.kernel, kKernelNames);
-  if (!RungTakes(*rung, p.in_type, p.out_type))
-    return ffi::Error::InvalidArgument("tiled_matmul: " + DtypeMismatch(*rung, p.in_type, p.out_type));
+  const MatmulDims dims = ToDims(p);
+  const DeviceFacts device = CurrentDevice();
+  if (std::optional<std::string> refusal = Refusal(*rung, p.in_type, p.out_type, dims,
+                                                   a.untyped_data(), b.untyped_data(),
+                                                   device.compute_capability))
+    return ffi::Error::InvalidArgument("tiled_matmul: " + *refusal);
   if (p.empty_output()) return ffi::Error::Success();
   if (p.k == 0) {  // an empty sum; 0.0 is all-zero bits in every supported dtype
     const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("zero fill failed", err);
   }
-  // Every rung so far computes in true fp32 (or fp64) whatever the precision
-  // asks; that satisfies DEFAULT and HIGH too, which only permit cheaper arithmetic.
-  const MatmulDims dims = ToDims(p);
-  const int multiprocessors = MultiprocessorCount();
-  const Rung chosen =
-      *rung == Rung::kAuto ? ChooseAuto(p.in_type, p.out_type, dims, multiprocessors) : *rung;
+  // Every rung so far computes in true fp32 (or fp64), or multiplies 16-bit
+  // inputs exactly into float32, whatever the precision asks; that satisfies
+  // DEFAULT and HIGH too, which only permit cheaper arithmetic.
+  const Rung chosen = *rung == Rung::kAuto
+                          ? ChooseAuto(p.in_type, p.out_type, dims, a.untyped_data(),
+                                       b.untyped_data(), device)
+                          : *rung;
   return VisitDtypes(p, [&](auto in_tag, auto out_tag) {
     using In = Storage<in_tag.value>;
     using Out = Storage<out_tag.value>;
@@ -202,35 +286,43 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
     const cudaError_t err = Launch<In, Out, Acc>(
         chosen, dims, static_cast<const In*>(a.untyped_data()),
         static_cast<const In*>(b.untyped_data()), static_cast<Out*>(out->untyped_data()), stream,
-        multiprocessors);
+        device.multiprocessors);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
   });
 }
 
+// The dims of contiguous operands of these shapes: what the lowering knows
+// before any buffer exists.
+MatmulDims DimsOf(const ProblemShape& s) {
+  return ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k, s.transpose_a,
+                                          s.transpose_b));
+}
+
 }  // namespace
 
-std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype, int64_t batch,
-                        int64_t m, int64_t n, int64_t k, int multiprocessors) {
+std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
+                        const ProblemShape& shape, int multiprocessors, int compute_capability) {
   const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
   if (!in_type || !out_type)
     return "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype);
-  MatmulDims dims{};
-  dims.batch = batch, dims.m = m, dims.n = n, dims.k = k;
   std::string why;
-  const Rung rung = ChooseAuto(*in_type, *out_type, dims, multiprocessors, &why);
+  // XLA's buffers are aligned far beyond 16 bytes: null stands for any of them.
+  const Rung rung = ChooseAuto(*in_type, *out_type, DimsOf(shape), nullptr, nullptr,
+                               {multiprocessors, compute_capability}, &why);
   return std::string(RungName(rung)) + ": " + why;
 }
 
-std::string KernelDtypeMismatch(std::string_view kernel, std::string_view dtype,
-                                std::string_view out_dtype) {
+std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
+                          std::string_view out_dtype, const ProblemShape& shape,
+                          int compute_capability) {
   const std::optional<Rung> rung = ParseKernel(kernel);
   const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
   if (!rung || !in_type || !out_type) return "";  // reported elsewhere, with the valid choices
-  return DtypeMismatch(*rung, *in_type, *out_type);
+  return Refusal(*rung, *in_type, *out_type, DimsOf(shape), nullptr, nullptr, compute_capability)
+      .value_or("");
 }
 
 }  // namespace jax_tiled::cuda
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTiledMatmulCuda, jax_tiled::cuda::MatmulCuda,
     xla::ffi::Ffi::Bind()
@@ -240,6 +332,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
         .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
-        .Attr<int32_t>("precision")     // 0 DEFAULT, 1 HIGH, 2 HIGHEST: smem is exact fp32 for all
+        .Attr<int32_t>("precision")     // 0 DEFAULT, 1 HIGH, 2 HIGHEST: every rung is exact for all
         .Attr<std::string_view>("kernel"),  // "auto" or a name from kKernelNames
     {xla::ffi::Traits::kCmdBufferCompatible});

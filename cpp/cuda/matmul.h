@@ -9,19 +9,28 @@
 
 namespace jax_tiled::cuda {
 // Comma-separated, in the order jax_tiled.kernels("cuda") lists them.
-inline constexpr const char* kKernelNames = "smem,smem16,regblock,warptile,pipelined";
+inline constexpr const char* kKernelNames = "smem,smem16,regblock,warptile,pipelined,mma,wgmma";
 
-// "<rung>: <why>" for what kernel="auto" runs on a (batch, m, n, k) problem
-// from `dtype` inputs to an `out_dtype` result (numpy's names) on a GPU with
-// that many SMs.
-std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype, int64_t batch,
-                        int64_t m, int64_t n, int64_t k, int multiprocessors);
+// A problem as the lowering sees it, before buffers exist: contiguous
+// operands a (batch_a, m, k) or (batch_a, k, m) when transposed, b (batch_b,
+// k, n) or (batch_b, n, k); a batch of 1 broadcasts.
+struct ProblemShape {
+  int64_t batch_a, batch_b, m, n, k;
+  bool transpose_a, transpose_b;
+};
 
-// Why rung `kernel` cannot run a `dtype` -> `out_dtype` product, or "" if it
-// can. Some rungs are built for one input dtype: their copies or instructions
-// do not convert.
-std::string KernelDtypeMismatch(std::string_view kernel, std::string_view dtype,
-                                std::string_view out_dtype);
+// "<rung>: <why>" for what kernel="auto" runs on this problem from `dtype`
+// inputs to an `out_dtype` result (numpy's names) on a GPU with that many SMs
+// and compute capability (major * 10 + minor).
+std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
+                        const ProblemShape& shape, int multiprocessors, int compute_capability);
+
+// Why rung `kernel` cannot run this problem, or "" if it can: some rungs are
+// built for some dtypes only (their copies or instructions do not convert),
+// and the Hopper rung needs operands its copy engine can read.
+std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
+                          std::string_view out_dtype, const ProblemShape& shape,
+                          int compute_capability);
 }  // namespace jax_tiled::cuda
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledMatmulCuda);

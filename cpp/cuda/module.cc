@@ -16,10 +16,31 @@ NB_MODULE(_cuda, m) {
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
   m.def("kernels", [] { return nb::str(jax_tiled::cuda::kKernelNames); },
         "Comma-separated names of the kernels this module runs.");
-  m.def("explain_auto", &jax_tiled::cuda::ExplainAuto, nb::arg("dtype"), nb::arg("out_dtype"),
-        nb::arg("batch"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("multiprocessors"),
+  // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b).
+  using jax_tiled::cuda::ProblemShape;
+  m.def("explain_auto",
+        [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
+           int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+           int multiprocessors, int compute_capability) {
+          return jax_tiled::cuda::ExplainAuto(
+              dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
+              multiprocessors, compute_capability);
+        },
+        nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"),
+        nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
+        nb::arg("multiprocessors"), nb::arg("compute_capability"),
         "'<rung>: <why>' for what kernel='auto' runs on this problem (no GPU needed).");
-  m.def("kernel_dtype_mismatch", &jax_tiled::cuda::KernelDtypeMismatch, nb::arg("kernel"),
-        nb::arg("dtype"), nb::arg("out_dtype"),
-        "Why the kernel cannot run this dtype pair, or '' if it can.");
+  m.def("kernel_refusal",
+        [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
+           int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+           bool transpose_b, int compute_capability) {
+          return jax_tiled::cuda::KernelRefusal(
+              kernel, dtype, out_dtype,
+              ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
+              compute_capability);
+        },
+        nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),
+        nb::arg("batch_b"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"),
+        nb::arg("transpose_b"), nb::arg("compute_capability"),
+        "Why the kernel cannot run this problem, or '' if it can.");
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -75,5 +76,22 @@ struct TileOrder {
     col0 = t / rows * kBlockN;
   }
 };
+
+// Lets kKernel launch with `bytes` of dynamic shared memory (the same bytes
+// on every call). Past 48 KB that needs an opt-in per kernel and per device;
+// it is made once per device, since a driver call on every launch would cost
+// more than a small matmul.
+template <auto kKernel>
+cudaError_t AllowSharedMemory(int bytes) {
+  static std::atomic<bool> allowed[64];
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const bool cached = device >= 0 && device < 64;
+  if (cached && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && cached) allowed[device].store(true, std::memory_order_release);
+  return err;
+}
 
 }  // namespace jax_tiled::cuda

@@ -1,0 +1,309 @@
+// Hopper (sm_90a) building blocks shared by the TMA + wgmma rungs: tensor maps
+// for the copy engine, mbarriers that its copies complete on, shared-memory
+// matrix descriptors for wgmma's 128-byte swizzle, and the wgmma instructions.
+//
+// Everything device-side here compiles only for sm_90a (wgmma and setmaxnreg
+// exist nowhere else); the handler launches these kernels only on compute
+// capability 9.0.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/kernels/async_copy.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define JAX_TILED_SM90A 1
+#else
+#define JAX_TILED_SM90A 0
+#endif
+
+namespace jax_tiled::cuda::hopper {
+
+// ---------------------------------------------------------------- host side
+
+// A 16-bit operand as the copy engine sees it: a (batches, rows, row_length)
+// array with row_length contiguous, read in boxes of box_rows x 64 elements
+// (64 x 2 bytes: one 128-byte swizzle row).
+struct OperandLayout {
+  const void* base;
+  int64_t row_length, rows, batches;  // batches: 1 for a broadcast operand
+  int64_t row_stride, batch_stride;   // in elements
+  int box_rows;
+};
+
+inline constexpr int kSwizzleElements = 64;  // 16-bit elements in one 128-byte row
+
+// What the copy engine demands of an operand (cuTensorMapEncodeTiled): a
+// 16-byte-aligned base, strides in whole 16-byte units, and coordinates that
+// fit its signed 32-bit arguments.
+inline bool TmaCanTake(const OperandLayout& o) {
+  constexpr int64_t kMaxCoordinate = int64_t{1} << 31, kMaxStrideBytes = int64_t{1} << 40;
+  const bool batched = o.batches > 1;
+  return reinterpret_cast<uintptr_t>(o.base) % 16 == 0 && o.row_stride % 8 == 0 &&
+         (!batched || o.batch_stride % 8 == 0) && o.row_length < kMaxCoordinate &&
+         o.rows < kMaxCoordinate && o.batches < kMaxCoordinate &&
+         2 * o.row_stride < kMaxStrideBytes && (!batched || 2 * o.batch_stride < kMaxStrideBytes);
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime so the
+// extension needs no link against libcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// A tensor map reading `o` in 128-byte-swizzled boxes, zero-filled past every
+// edge (so partial tiles need no separate path). Encoding is host work of a
+// microsecond or so, redone per call since buffers move between calls.
+template <class In>
+cudaError_t EncodeOperand(const OperandLayout& o, CUtensorMap* map) {
+  static_assert(sizeof(In) == 2, "the 128-byte swizzle boxes hold 64 16-bit elements");
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (!encode) return cudaErrorNotSupported;
+  const CUtensorMapDataType type = std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // A broadcast operand's batch stride is never followed; any legal one will do.
+  const int64_t batch_stride = o.batches > 1 ? o.batch_stride : o.rows * o.row_stride;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(o.row_length),
+                              static_cast<cuuint64_t>(o.rows),
+                              static_cast<cuuint64_t>(o.batches)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(2 * o.row_stride),
+                                 static_cast<cuuint64_t>((2 * batch_stride + 15) / 16 * 16)};
+  const cuuint32_t box[3] = {kSwizzleElements, static_cast<cuuint32_t>(o.box_rows), 1};
+  const cuuint32_t unit_steps[3] = {1, 1, 1};
+  const CUresult result = encode(map, type, 3, const_cast<void*>(o.base), dims, strides, box,
+                                 unit_steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// -------------------------------------------------------------- device side
+
+// mbarrier: a shared-memory barrier that counts arrivals and, for the copy
+// engine, bytes; waiting is by the parity of the phase to complete.
+__device__ __forceinline__ void InitBarrier(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SharedAddress(bar)),
+               "r"(arrivals));
+}
+
+// Makes initialised barriers visible to the copy engine before its first
+// complete_tx lands on them (a barrier over the block must follow).
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` still to come from the copy engine.
+__device__ __forceinline__ void ArriveExpectingBytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   SharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void Arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SharedAddress(bar)) : "memory");
+}
+
+// Returns once the phase of parity `parity` has completed. A fresh barrier
+// is in phase 0, so waiting on parity 1 returns at once: a producer's first
+// pass over empty slots needs no special case.
+__device__ __forceinline__ void WaitBarrier(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SharedAddress(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Copies box (c0, c1, c2) of `map` into shared memory at `dst` (1024-byte
+// aligned for the swizzle), counting its bytes on `bar` when they land.
+__device__ __forceinline__ void LoadBox(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                        int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SharedAddress(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// wgmma's view of a tile in shared memory with the 128-byte swizzle: `lead`
+// and `stride` are the byte distances between 8 x 16-byte core-matrix groups
+// along the two axes (see SwizzledTile below for which is which).
+__device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile, uint32_t lead,
+                                                     uint32_t stride) {
+  constexpr uint64_t kSwizzle128B = uint64_t{1} << 62;
+  return static_cast<uint64_t>((SharedAddress(tile) & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((lead & 0x3FFFF) >> 4) << 16 |
+         static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32 | kSwizzle128B;
+}
+
+// A tile of x_extent x 64 (k) 16-bit elements as the copy engine lays it
+// down with the 128-byte swizzle, and its descriptor for the k16 step `step`
+// of the 64 x-rows starting at x0.
+//   K-major (k contiguous): one box of x_extent rows of 64 k (128 bytes);
+//     8-row groups 1024 bytes apart; a k16 step is 32 bytes along the row.
+//   MN-major (x contiguous): boxes of 64 k rows of 64 x, 8 KB each, side by
+//     side along x; 8-k groups 1024 bytes apart, a k16 step 2 groups, and
+//     the next 64 x (the "leading" axis) one box further.
+template <bool kMnMajor, int kXExtent>
+struct SwizzledTile {
+  static constexpr int kBytes = kXExtent * kSwizzleElements * 2;
+  static constexpr int kBoxRows = kMnMajor ? kSwizzleElements : kXExtent;
+  static constexpr int kBoxes = kMnMajor ? kXExtent / kSwizzleElements : 1;
+  static constexpr int kBoxBytes = kBytes / kBoxes;
+  static_assert(kXExtent % 64 == 0 && kXExtent <= 256, "a box spans at most 256 rows");
+
+  __device__ __forceinline__ static uint64_t Descriptor(const uint8_t* tile, int x0, int step) {
+    if constexpr (kMnMajor)
+      return MatrixDescriptor(tile + x0 / kSwizzleElements * kBoxBytes + step * 2048, kBoxBytes,
+                              1024);
+    else
+      return MatrixDescriptor(tile + x0 * 128 + step * 32, 16, 1024);
+  }
+
+  // Box b of the tile at (x0, k0): its destination and its coordinates in the
+  // (row_length, rows) order of the operand's tensor map.
+  __device__ __forceinline__ static void Load(uint8_t* tile, const CUtensorMap* map,
+                                              uint64_t* bar, int64_t x0, int64_t k0,
+                                              int64_t batch) {
+#pragma unroll
+    for (int box = 0; box < kBoxes; ++box) {
+      const int x = static_cast<int>(x0) + box * kSwizzleElements, k = static_cast<int>(k0);
+      if constexpr (kMnMajor)
+        LoadBox(tile + box * kBoxBytes, map, bar, x, k, static_cast<int>(batch));
+      else
+        LoadBox(tile, map, bar, k, x, static_cast<int>(batch));
+    }
+  }
+};
+
+// Orders this warpgroup's register writes to the accumulators before the
+// wgmmas that read them.
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most kPending of this warpgroup's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins accumulators in place across asynchronous wgmmas: without it the
+// compiler may read or move them while the tensor cores still write them.
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(float (&acc)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// Register budgets per warpgroup (setmaxnreg): the producer gives registers
+// back so the consumers' accumulators fit.
+template <int kRegisters>
+__device__ __forceinline__ void ShrinkRegisters() {
+#if JAX_TILED_SM90A
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void GrowRegisters() {
+#if JAX_TILED_SM90A
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
+// d[kN / 2] (+)= A(64 x 16) * B(16 x kN): the accumulator registers
+// %0..%(kN/2 - 1), then the two descriptors, the accumulate flag (0 on a
+// tile's first step: d = A * B) and the two transpose immediates.
+#define JAX_TILED_WGMMA_N128(type)                                                    \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                      \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {"                   \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"              \
+  "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
+
+#define JAX_TILED_WGMMA_N256(type)                                                    \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type " {"                   \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "  \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "  \
+  "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "      \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "    \
+  "%124, %125, %126, %127"                                                            \
+  "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
+
+#define JAX_TILED_ACC8(d, i)                                                              \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define JAX_TILED_ACC64(d, i)                                                          \
+  JAX_TILED_ACC8(d, i), JAX_TILED_ACC8(d, i + 8), JAX_TILED_ACC8(d, i + 16),           \
+      JAX_TILED_ACC8(d, i + 24), JAX_TILED_ACC8(d, i + 32), JAX_TILED_ACC8(d, i + 40), \
+      JAX_TILED_ACC8(d, i + 48), JAX_TILED_ACC8(d, i + 56)
+
+// One wgmma: d (+)= A * B for a 64 x 16 slice of A and 16 x kN of B, both
+// read from shared memory through their descriptors. kTransA / kTransB: the
+// operand is MN-major (which wgmma allows for 16-bit types only).
+template <int kN, class In, bool kTransA, bool kTransB>
+__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                      int accumulate) {
+#if JAX_TILED_SM90A
+  constexpr bool kBf16 = std::is_same_v<In, __nv_bfloat16>;
+  if constexpr (kN == 256 && kBf16) {
+    asm volatile(JAX_TILED_WGMMA_N256("bf16")
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else if constexpr (kN == 256) {
+    asm volatile(JAX_TILED_WGMMA_N256("f16")
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else if constexpr (kN == 128 && kBf16) {
+    asm volatile(JAX_TILED_WGMMA_N128("bf16")
+                 : JAX_TILED_ACC64(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else {
+    static_assert(kN == 128, "wgmma tiles here are 128 or 256 wide");
+    asm volatile(JAX_TILED_WGMMA_N128("f16")
+                 : JAX_TILED_ACC64(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  }
+#endif
+}
+
+#undef JAX_TILED_ACC64
+#undef JAX_TILED_ACC8
+#undef JAX_TILED_WGMMA_N256
+#undef JAX_TILED_WGMMA_N128
+
+}  // namespace jax_tiled::cuda::hopper
