@@ -266,17 +266,10 @@ cudaError_t LaunchWgmmaWith(const MatmulDims& dims, const In* a, const In* b, Ou
   config.stream = stream;
   config.attrs = cluster;
   config.numAttrs = 1;
-  // One cluster per cluster-sized group of SMs that can hold one at a time
-  // (a GPC's SM count need not divide by the cluster size).
-  config.gridDim = dim3(multiprocessors);
-  struct ClusterTag;
-  const int clusters = OncePerDevice<ClusterTag>([&] {
-    int count = 0;
-    return cudaOccupancyMaxActiveClusters(&count, kernel, &config) == cudaSuccess ? count : 0;
-  });
+  // A persistent grid: as many clusters as there are cluster-sized groups of SMs.
   const TileOrder<Cfg::kBlockM * Cfg::kCluster, Cfg::kBlockN> order(dims);
-  const int64_t resident = clusters > 0 ? clusters : multiprocessors / Cfg::kCluster;
-  config.gridDim = dim3(static_cast<unsigned>(std::min(order.count, resident) * Cfg::kCluster));
+  const int64_t clusters = std::min<int64_t>(order.count, multiprocessors / Cfg::kCluster);
+  config.gridDim = dim3(static_cast<unsigned>(clusters * Cfg::kCluster));
   // Pairs of columns go out as one store when every row starts aligned to them.
   const bool paired_stores = dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
                              reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0;
