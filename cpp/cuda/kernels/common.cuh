@@ -77,31 +77,20 @@ struct TileOrder {
   }
 };
 
-// A positive int computed once per device and kept, per Tag: launch paths
-// must not pay for a driver query on every call.
-template <class Tag, class Compute>
-int OncePerDevice(Compute compute) {
-  static std::atomic<int> values[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return compute();
-  int value = values[device].load(std::memory_order_acquire);
-  if (value <= 0) {
-    value = compute();
-    if (value > 0) values[device].store(value, std::memory_order_release);
-  }
-  return value;
-}
-
 // Lets kKernel launch with `bytes` of dynamic shared memory (the same bytes
-// on every call). Past 48 KB that needs an opt-in per kernel and per device.
+// on every call). Past 48 KB that needs an opt-in per kernel and per device;
+// it is made once per device, since a driver call on every launch would cost
+// more than a small matmul.
 template <auto kKernel>
 cudaError_t AllowSharedMemory(int bytes) {
-  struct Tag;
-  cudaError_t err = cudaSuccess;
-  OncePerDevice<Tag>([&] {
-    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    return err == cudaSuccess ? 1 : 0;
-  });
+  static std::atomic<bool> allowed[64];
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const bool cached = device >= 0 && device < 64;
+  if (cached && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && cached) allowed[device].store(true, std::memory_order_release);
   return err;
 }
 

@@ -146,44 +146,6 @@ __device__ __forceinline__ void LoadBox(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
-// As LoadBox, into the same shared-memory offset of every block of the
-// cluster in `blocks` (a bit per rank), counting the bytes on each block's
-// barrier at `bar`'s offset.
-__device__ __forceinline__ void LoadBoxToCluster(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                 int c0, int c1, int c2, uint16_t blocks) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(SharedAddress(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SharedAddress(bar)),
-      "h"(blocks)
-      : "memory");
-}
-
-// This block's rank in its cluster.
-__device__ __forceinline__ uint32_t ClusterRank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
-
-// Every thread of every block in the cluster: a barrier whose release and
-// acquire order shared-memory writes (barrier initialisation included)
-// across the cluster's blocks.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
-
-// Arrives on the barrier at `bar`'s offset in block `rank` of the cluster.
-__device__ __forceinline__ void ArriveInBlock(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
-          SharedAddress(bar)),
-      "r"(rank)
-      : "memory");
-}
-
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -199,25 +161,21 @@ __device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile, uint32_t 
          static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32 | kSwizzle128B;
 }
 
-// A tile of kXExtent x 64 (k) 16-bit elements as the copy engine lays it
-// down with the 128-byte swizzle, in kBoxes boxes of kBoxX rows along x,
-// and its descriptor for the k16 step `step` of the 64 x-rows from x0.
-//   K-major (k contiguous): boxes of kBoxX rows of 64 k (128 bytes) one after
-//     another; 8-row groups 1024 bytes apart; a k16 step is 32 bytes along
-//     the row. kParts > 1 splits the rows into that many boxes, so that the
-//     blocks of a cluster can each fetch a part for all of them.
+// A tile of x_extent x 64 (k) 16-bit elements as the copy engine lays it
+// down with the 128-byte swizzle, and its descriptor for the k16 step `step`
+// of the 64 x-rows starting at x0.
+//   K-major (k contiguous): one box of x_extent rows of 64 k (128 bytes);
+//     8-row groups 1024 bytes apart; a k16 step is 32 bytes along the row.
 //   MN-major (x contiguous): boxes of 64 k rows of 64 x, 8 KB each, side by
 //     side along x; 8-k groups 1024 bytes apart, a k16 step 2 groups, and
 //     the next 64 x (the "leading" axis) one box further.
-template <bool kMnMajor, int kXExtent, int kParts = 1>
+template <bool kMnMajor, int kXExtent>
 struct SwizzledTile {
   static constexpr int kBytes = kXExtent * kSwizzleElements * 2;
-  static constexpr int kBoxes = kMnMajor ? kXExtent / kSwizzleElements : kParts;
-  static constexpr int kBoxX = kXExtent / kBoxes;
+  static constexpr int kBoxRows = kMnMajor ? kSwizzleElements : kXExtent;
+  static constexpr int kBoxes = kMnMajor ? kXExtent / kSwizzleElements : 1;
   static constexpr int kBoxBytes = kBytes / kBoxes;
-  static constexpr int kBoxRows = kMnMajor ? kSwizzleElements : kBoxX;  // the tensor map's box
-  static_assert(kXExtent % 64 == 0 && kBoxX <= 256 && kBoxes % kParts == 0,
-                "boxes span at most 256 rows and split evenly into the parts");
+  static_assert(kXExtent % 64 == 0 && kXExtent <= 256, "a box spans at most 256 rows");
 
   __device__ __forceinline__ static uint64_t Descriptor(const uint8_t* tile, int x0, int step) {
     if constexpr (kMnMajor)
@@ -227,21 +185,18 @@ struct SwizzledTile {
       return MatrixDescriptor(tile + x0 * 128 + step * 32, 16, 1024);
   }
 
-  // Copies part `part` of the tile at (x0, k0) of `batch`: into this block's
-  // `tile` alone, or with `blocks` != 0 into the same place in each block of
-  // the cluster that `blocks` names.
+  // Box b of the tile at (x0, k0): its destination and its coordinates in the
+  // (row_length, rows) order of the operand's tensor map.
   __device__ __forceinline__ static void Load(uint8_t* tile, const CUtensorMap* map,
                                               uint64_t* bar, int64_t x0, int64_t k0,
-                                              int64_t batch, int part = 0, uint16_t blocks = 0) {
+                                              int64_t batch) {
 #pragma unroll
-    for (int i = 0; i < kBoxes / kParts; ++i) {
-      const int box = part * (kBoxes / kParts) + i;
-      const int x = static_cast<int>(x0) + box * kBoxX, k = static_cast<int>(k0);
-      const int c0 = kMnMajor ? x : k, c1 = kMnMajor ? k : x, c2 = static_cast<int>(batch);
-      if (blocks)
-        LoadBoxToCluster(tile + box * kBoxBytes, map, bar, c0, c1, c2, blocks);
+    for (int box = 0; box < kBoxes; ++box) {
+      const int x = static_cast<int>(x0) + box * kSwizzleElements, k = static_cast<int>(k0);
+      if constexpr (kMnMajor)
+        LoadBox(tile + box * kBoxBytes, map, bar, x, k, static_cast<int>(batch));
       else
-        LoadBox(tile + box * kBoxBytes, map, bar, c0, c1, c2);
+        LoadBox(tile, map, bar, k, x, static_cast<int>(batch));
     }
   }
 };
