@@ -428,13 +428,25 @@ def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str
     return measure_against_peers(precisions, kernels, measure)
 
 
+def kernels_for(dtype: str, kernels: list[str], requested: bool) -> list[str]:
+    """The kernels to time on `dtype`: without --kernels, only the rungs that
+    compute it (the others would be error rows); named ones are timed as asked."""
+    if requested:
+        return kernels
+    import jax_tiled
+
+    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype)))
+    return [k for k in kernels if k == "auto" or k in takes]
+
+
 def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
-    work = plan(args)
+    work = [(shape, dtype, precisions, kernels_for(dtype, kernels, args.kernels is not None))
+            for shape, dtype, precisions in plan(args)]
     rows = []
-    with Progress(count_rows([precs for _, _, precs in work], kernels),
+    with Progress(sum(count_rows([precs], ks) for _, _, precs, ks in work),
                   enabled=not args.no_progress) as progress:
-        for shape, dtype, precisions in work:
-            rows += run_shape(shape, dtype, precisions, kernels, args, budget, progress)
+        for shape, dtype, precisions, dtype_kernels in work:
+            rows += run_shape(shape, dtype, precisions, dtype_kernels, args, budget, progress)
             jax.clear_caches()
     return rows
 
