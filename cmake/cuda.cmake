@@ -29,7 +29,9 @@ message(STATUS "CUDA module: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectu
 
 # Kernels and the FFI handler are compiled by nvcc into a static library; the
 # nanobind module itself is plain C++ and only hands out the handler symbols.
-add_library(jax_tiled_cuda_kernels STATIC cpp/cuda/matmul.cu)
+# The tensor-core rungs' many template instances build in their own units.
+add_library(jax_tiled_cuda_kernels STATIC
+  cpp/cuda/matmul.cu cpp/cuda/mma_launches.cu cpp/cuda/wgmma_launches.cu)
 target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp)
 target_include_directories(jax_tiled_cuda_kernels SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 set_target_properties(jax_tiled_cuda_kernels PROPERTIES

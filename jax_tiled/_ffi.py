@@ -11,6 +11,7 @@ import functools
 
 import jax
 import numpy as np
+from jax import lax
 
 # platform name as jax.ffi.register_ffi_target spells it -> extension module
 _MODULES = {"cpu": "jax_tiled._cpu", "CUDA": "jax_tiled._cuda"}
@@ -53,6 +54,9 @@ def kernel_names(platform: str) -> tuple[str, ...]:
     return tuple(name for name in module.kernels().split(",") if name)
 
 
+# lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).
+PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
+
 # A problem every rung can run, for questions about dtypes alone:
 # (batch_a, batch_b, m, n, k, transpose_a, transpose_b).
 ANY_PROBLEM = (1, 1, 64, 64, 64, False, False)
@@ -72,16 +76,22 @@ def cuda_compute_capability() -> int:
     return 10 * major + minor
 
 
-def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM) -> str:
+def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM,
+            precision=lax.Precision.DEFAULT) -> str:
     """Why `kernel` cannot run a dtype -> out_dtype product of this shape
-    (ANY_PROBLEM's fields) on `platform`'s first device, or '' if it can."""
+    (ANY_PROBLEM's fields) at this precision (a lax.Precision or its name) on
+    `platform`'s first device, or '' if it can."""
     if platform == "cpu" or kernel == "auto":
         return ""  # the CPU rung and "auto" take every supported problem
+    code = PRECISION_CODES[lax.Precision(precision)]
     return _load("CUDA").kernel_refusal(kernel, np.dtype(dtype).name, np.dtype(out_dtype).name,
-                                        *problem, cuda_compute_capability())
+                                        *problem, code, cuda_compute_capability())
 
 
-def cuda_explain(dtype: str, out_dtype: str, problem, multiprocessors: int) -> str:
-    """The CUDA module's own account of what kernel="auto" runs (no GPU needed)."""
-    return _load("CUDA").explain_auto(dtype, out_dtype, *problem, multiprocessors,
+def cuda_explain(dtype: str, out_dtype: str, problem, multiprocessors: int,
+                 precision=lax.Precision.DEFAULT) -> str:
+    """The CUDA module's own account of what kernel="auto" runs at this precision
+    (a lax.Precision or its name; no GPU needed)."""
+    code = PRECISION_CODES[lax.Precision(precision)]
+    return _load("CUDA").explain_auto(dtype, out_dtype, *problem, code, multiprocessors,
                                       cuda_compute_capability())

@@ -28,12 +28,17 @@ def _backend_platform(backend: str | None) -> str:
     return {"gpu": "cuda"}.get(backend, backend)
 
 
-def kernels(backend: str | None = None, dtype=None, out_dtype=None) -> list[str]:
+def kernels(backend: str | None = None, dtype=None, out_dtype=None, precision=None) -> list[str]:
     """Kernel rungs built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
     jax's default backend). Any of them can be forced with `matmul(..., kernel=)`.
+
     With `dtype` (the operands', after promotion), only the rungs that compute
-    that dtype into `out_dtype` (default: the same)."""
+    that dtype into `out_dtype` (default: the same) at `precision`, which takes
+    what `matmul` takes (default None: the product's default, which honours
+    `jax.default_matmul_precision`). On CUDA, the tensor-core rungs take float32
+    at DEFAULT (TF32) and HIGH (3xTF32) but not at HIGHEST (true fp32)."""
     platform = _backend_platform(backend)
+    precision = canonical_precision(precision)
     if platform == "cuda":
         try:
             jax.devices("cuda")
@@ -45,7 +50,8 @@ def kernels(backend: str | None = None, dtype=None, out_dtype=None) -> list[str]
     if dtype is None:
         return list(names)
     out_dtype = dtype if out_dtype is None else out_dtype
-    return [name for name in names if not _ffi.refusal(platform, name, dtype, out_dtype)]
+    return [name for name in names
+            if not _ffi.refusal(platform, name, dtype, out_dtype, precision=precision)]
 
 
 def _check_kernel(kernel) -> str:
@@ -167,7 +173,10 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
       a, b: float16, bfloat16, float32 or float64 arrays of rank >= 1 (mixed
         dtypes promote as in `jnp.matmul`).
       precision: None (honours `jax.default_matmul_precision`), a
-        `lax.Precision`, one of its string names, or a pair.
+        `lax.Precision`, one of its string names, or a pair. On CUDA, float32
+        products run at DEFAULT on TF32 tensor cores, at HIGH in 3xTF32 split
+        arithmetic and at HIGHEST in true fp32; on CPU every setting is exact
+        fp32. Other dtypes are computed the same at every setting.
       preferred_element_type: output dtype (default: the promoted input dtype).
         Accumulation is float32, or float64 for float64.
       kernel: "auto", or a rung from `jax_tiled.kernels()` to force it.
@@ -203,7 +212,8 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
     head = (f"{platform}: {batch} x ({m} x {k}) @ ({k} x {n}), {a3.dtype.name} -> "
             f"{plan.out_dtype.name}, precision {plan.precision.name}")
     if plan.kernel != "auto":
-        check_kernel_runs(platform, plan.kernel, a3.dtype, plan.out_dtype, problem)
+        check_kernel_runs(platform, plan.kernel, a3.dtype, plan.out_dtype, problem,
+                          plan.precision)
         return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
     if platform == "cpu":
         return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU rung"
@@ -212,6 +222,7 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
         except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
             multiprocessors = 132
-        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, problem, multiprocessors)
+        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, problem, multiprocessors,
+                                   plan.precision)
         return f"{head}: {choice}"
     raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

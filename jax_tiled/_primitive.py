@@ -23,11 +23,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jax_tiled import _ffi, _sharding
+from jax_tiled._ffi import PRECISION_CODES
 
 SUPPORTED_DTYPES = tuple(map(np.dtype, (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)))
-
-# lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).
-PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
 
 tiled_matmul_p = Primitive("tiled_matmul")
 _PARAMS = ("transpose_a", "transpose_b", "out_dtype", "precision", "kernel")
@@ -72,17 +70,19 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
     return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
 
-def check_kernel_runs(platform, kernel, dtype, out_dtype, problem) -> None:
+def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) -> None:
     """A forced rung that cannot compute the dtypes raises TypeError; one that
-    cannot run the problem's shape or layout raises ValueError. Both name why."""
+    cannot run the problem's shape or layout at this precision (the tensor-core
+    rungs cannot give float32 HIGHEST) raises ValueError. Both name why."""
     dtypes = _ffi.refusal(platform, kernel, dtype, out_dtype)
     if dtypes:
         raise TypeError(f"jax_tiled: {dtypes}")
-    layout = _ffi.refusal(platform, kernel, dtype, out_dtype, problem)
+    layout = _ffi.refusal(platform, kernel, dtype, out_dtype, problem, precision)
     if layout:
         batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
         raise ValueError(f"jax_tiled: {layout} (m={m}, n={n}, k={k}, batches {batch_a} and "
-                         f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b})")
+                         f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b}, "
+                         f"precision {lax.Precision(precision).name})")
 
 
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
@@ -93,7 +93,8 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     a_aval, b_aval = ctx.avals_in
     _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     check_kernel_runs(platform, kernel, a_aval.dtype, out_dtype,
-                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b))
+                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
+                      precision)
     return _sharding.lowering(ctx, a, b, target=_ffi.TARGETS[platform], transpose_a=transpose_a,
                               transpose_b=transpose_b, precision=PRECISION_CODES[precision],
                               kernel=str(kernel))

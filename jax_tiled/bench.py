@@ -378,7 +378,7 @@ class Progress:
 def precisions_for(dtype: str, requested: list[str] | None) -> list[str]:
     if requested:
         return requested
-    return ["default", "highest"] if dtype == "float32" else ["default"]
+    return list(PRECISIONS) if dtype == "float32" else ["default"]
 
 
 def plan(args) -> list[tuple[Shape, str, list[str]]]:
@@ -387,33 +387,31 @@ def plan(args) -> list[tuple[Shape, str, list[str]]]:
             for shape in args.shapes for dtype in args.dtype]
 
 
-def count_rows(precision_lists: list[list[str]], kernels: list[str]) -> int:
-    """Rows that measure_against_peers makes, over calls with these precisions."""
-    total = 0
-    for precs in precision_lists:
-        peers = {PEER_PRECISION[p] for p in precs}
-        total += len(peers) + len(precs) * len(kernels)
-    return total
+def count_rows(kernels: dict[str, list[str]]) -> int:
+    """Rows that measure_against_peers(kernels, ...) makes."""
+    return len({PEER_PRECISION[p] for p in kernels}) + sum(map(len, kernels.values()))
 
 
-def measure_against_peers(precisions: list[str], kernels: list[str], measure) -> list:
-    """Rows of measure(precision, kernel): the peer once per peer precision, before
-    the kernels it is compared with, and each kernel row with its ratio to it."""
+def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
+    """Rows of measure(precision, kernel) for each precision's kernels: the peer
+    once per peer precision, before the kernels it is compared with, and each
+    kernel row with its ratio to it."""
     rows, peers = [], {}
-    for precision in precisions:
+    for precision, precision_kernels in kernels.items():
         peer_prec = PEER_PRECISION[precision]
         if peer_prec not in peers:
             peers[peer_prec] = measure(peer_prec, PEER)
             rows.append(peers[peer_prec])
-        for kernel in kernels:
+        for kernel in precision_kernels:
             row = measure(precision, kernel)
             attach_ratio(row, peers[peer_prec])
             rows.append(row)
     return rows
 
 
-def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str], args,
-              budget: Budget, progress: Progress) -> list[Row]:
+def run_shape(shape: Shape, dtype: str, kernels: dict[str, list[str]], args, budget: Budget,
+              progress: Progress) -> list[Row]:
+    """Rows for one shape and dtype; `kernels` maps each precision to its rungs."""
     n_sets = choose_sets(shape.input_bytes(np.dtype(dtype).itemsize), budget)
     sets = make_inputs(shape, jnp.dtype(dtype), n_sets, args.seed)
     small = shape.batch * shape.m * shape.n * shape.k <= CHECK_MAX_MNK
@@ -425,28 +423,30 @@ def run_shape(shape: Shape, dtype: str, precisions: list[str], kernels: list[str
         progress.step()
         return row
 
-    return measure_against_peers(precisions, kernels, measure)
+    return measure_against_peers(kernels, measure)
 
 
-def kernels_for(dtype: str, kernels: list[str], requested: bool) -> list[str]:
-    """The kernels to time on `dtype`: without --kernels, only the rungs that
-    compute it (the others would be error rows); named ones are timed as asked."""
+def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool) -> list[str]:
+    """The kernels to time on `dtype` at `precision`: without --kernels, only the
+    rungs that compute it (the others would be error rows: the tensor-core rungs
+    take float32 at default and high, not highest); named ones are timed as asked."""
     if requested:
         return kernels
     import jax_tiled
 
-    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype)))
+    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype), precision=precision))
     return [k for k in kernels if k == "auto" or k in takes]
 
 
 def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
-    work = [(shape, dtype, precisions, kernels_for(dtype, kernels, args.kernels is not None))
+    requested = args.kernels is not None
+    work = [(shape, dtype, {p: kernels_for(dtype, p, kernels, requested) for p in precisions})
             for shape, dtype, precisions in plan(args)]
     rows = []
-    with Progress(sum(count_rows([precs], ks) for _, _, precs, ks in work),
+    with Progress(sum(count_rows(ks) for _, _, ks in work),
                   enabled=not args.no_progress) as progress:
-        for shape, dtype, precisions, dtype_kernels in work:
-            rows += run_shape(shape, dtype, precisions, dtype_kernels, args, budget, progress)
+        for shape, dtype, precision_kernels in work:
+            rows += run_shape(shape, dtype, precision_kernels, args, budget, progress)
             jax.clear_caches()
     return rows
 
@@ -576,13 +576,13 @@ def run_train_step(dtype: str, precisions: list[str], kernels: list[str], args,
         progress.step()
         return row
 
-    return measure_against_peers(precisions, kernels, measure)
+    return measure_against_peers({p: kernels for p in precisions}, measure)
 
 
 def run_train_steps(args, kernels: list[str], budget: Budget) -> list[StepRow]:
     precisions = args.precision or ["default"]
     rows = []
-    with Progress(count_rows([precisions] * len(args.dtype), kernels),
+    with Progress(len(args.dtype) * count_rows({p: kernels for p in precisions}),
                   enabled=not args.no_progress) as progress:
         for dtype in args.dtype:
             rows += run_train_step(dtype, precisions, kernels, args, budget, progress)
@@ -830,8 +830,8 @@ def parse_args(argv):
                    help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
                         "(default float32; --train-step: bfloat16)")
     p.add_argument("--precision", action="append", metavar="P",
-                   help="precision(s): default, high, highest (default: default and highest "
-                        "for float32, default otherwise)")
+                   help="precision(s): default, high, highest (default: all three for "
+                        "float32, default otherwise)")
     p.add_argument("--kernels", action="append", metavar="K",
                    help="subset of kernel rungs (names from jax_tiled.kernels(), or auto; "
                         "--train-step: default auto)")

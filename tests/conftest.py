@@ -32,6 +32,7 @@ from jax import lax
 
 import jax_tiled
 from jax_tiled import _ffi
+from jax_tiled._matmul import _canonicalize, canonical_precision
 
 REQUIRE_GPU = os.environ.get("JAX_TILED_REQUIRE_GPU") == "1"
 
@@ -61,19 +62,32 @@ def platform(request):
         yield request.param
 
 
-def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None) -> list[str]:
+def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None,
+               precision=None) -> list[str]:
     """"auto" and every rung that computes dtype -> out_dtype (default: the same)
-    on the platform; forcing a rung on other dtypes is tested in test_errors.
-    With `problem` = (batch_a, batch_b, m, n, k, transpose_a, transpose_b),
-    only the rungs that run that layout: the Hopper rung needs rows its copy
-    engine can read, and test_tensor_cores covers it on such shapes."""
-    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform, dtype, out_dtype)
+    on the platform at `precision` (as matmul takes it; None: the default, which
+    honours jax.default_matmul_precision): on CUDA the tensor-core rungs take
+    float32 at DEFAULT and HIGH but not HIGHEST. Forcing a rung on other dtypes
+    is tested in test_errors. With `problem` = (batch_a, batch_b, m, n, k,
+    transpose_a, transpose_b), only the rungs that run that layout: the Hopper
+    rung needs rows its copy engine can read, and test_tensor_cores covers it
+    on such shapes."""
+    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform, dtype, out_dtype,
+                              precision)
     assert names, f"no kernels usable on {platform}"
     if problem is not None:
         out_dtype = dtype if out_dtype is None else out_dtype
+        precision = canonical_precision(precision)
         names = [name for name in names
-                 if not _ffi.refusal(platform, name, dtype, out_dtype, problem)]
+                 if not _ffi.refusal(platform, name, dtype, out_dtype, problem, precision)]
     return ["auto", *names]
+
+
+def matmul_problem(a, b) -> tuple:
+    """The canonical problem (batch_a, batch_b, m, n, k, False, False) that
+    jax_tiled.matmul(a, b) binds, for kernels_on's `problem`."""
+    a3, b3 = jax.eval_shape(lambda a, b: _canonicalize(a, b, None, None, "auto")[:2], a, b)
+    return (a3.shape[0], b3.shape[0], a3.shape[1], b3.shape[2], a3.shape[2], False, False)
 
 
 @pytest.fixture
@@ -105,21 +119,30 @@ EPS = {np.dtype(jnp.float16): 2.0**-11, np.dtype(jnp.bfloat16): 2.0**-8,
        np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
 
 
+def tensor_core_float32(platform, dtype, precision) -> bool:
+    """Whether a float32 product at `precision` may run on tensor cores: on
+    CUDA at DEFAULT (TF32) and HIGH (3xTF32)."""
+    return (platform == "cuda" and np.dtype(dtype) == np.float32
+            and canonical_precision(precision) != lax.Precision.HIGHEST)
+
+
 def input_rounding(platform, dtype, precision) -> float:
-    """Relative rounding of each operand before the products, by precision."""
-    if platform == "cuda" and np.dtype(dtype) == np.float32:
-        if precision in (None, lax.Precision.DEFAULT, "default"):
-            return 2.0**-11  # TF32 keeps 10 mantissa bits
-        if precision in (lax.Precision.HIGH, "high"):
-            return 2.0**-21  # 3xTF32: the dropped lo*lo term
+    """Relative rounding of each operand before the products, by precision
+    (None, a lax.Precision or any name matmul takes; None honours
+    jax.default_matmul_precision)."""
+    if tensor_core_float32(platform, dtype, precision):
+        if canonical_precision(precision) == lax.Precision.DEFAULT:
+            return 2.0**-11  # TF32 keeps 10 mantissa bits, rounded to nearest
+        return 2.0**-21  # 3xTF32: the dropped lo*lo term and the rounding of lo
     return 0.0
 
 
-def accumulation_rounding(platform, in_dtype, out_dtype) -> float:
+def accumulation_rounding(platform, in_dtype, out_dtype, precision=None) -> float:
     """Relative rounding of each addition into the accumulator."""
     if np.float64 in (np.dtype(in_dtype), np.dtype(out_dtype)):
         return EPS[np.dtype(np.float64)]
-    if platform == "cuda" and np.dtype(in_dtype).itemsize == 2:
+    if platform == "cuda" and (np.dtype(in_dtype).itemsize == 2
+                               or tensor_core_float32(platform, in_dtype, precision)):
         # Tensor cores add products into float32 in groups, aligned to the
         # largest and truncated rather than rounded: allow 4 ulps per addition.
         return 4 * EPS[np.dtype(np.float32)]
@@ -142,7 +165,7 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     assert out.dtype == out_dtype, (out.dtype, out_dtype)
     assert out.shape == ref.shape, (out.shape, ref.shape)
     k = a.shape[-1]
-    acc_eps = accumulation_rounding(platform, in_dtype, out_dtype)
+    acc_eps = accumulation_rounding(platform, in_dtype, out_dtype, precision)
     bound = (k + 2) * acc_eps + 2 * input_rounding(platform, in_dtype, precision)
     tol = bound * mag + EPS[out_dtype] * np.abs(ref) + 1e-30
     err = np.abs(out.astype(np.float64) - ref)

@@ -3,8 +3,8 @@
     XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool racecheck \\
         --error-exitcode 1 python3 tests/sanitizer_cases.py smem
 
-runs the named CUDA rung on every dtype and layout it takes, checking each
-result against float64 NumPy; one float32 and one bfloat16 product are large
+runs the named CUDA rung on every dtype, layout and float32 precision it
+takes, checking each result against float64 NumPy; one float32 and one bfloat16 product are large
 enough for the rungs' large-block configurations. `--racy` instead runs the planted race (the smem
 rung without its second barrier) through the FFI target directly, since the
 public API refuses that name: racecheck must report it.
@@ -33,22 +33,34 @@ LARGE_SIXTEEN_BIT_SHAPE = (1032, 72, 4104)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 
 
+def precisions(kernel: str, dtype, problem) -> list:
+    """HIGHEST where the rung takes it (it then computes the same at every
+    precision), else float32's TF32 (DEFAULT) and 3xTF32 (HIGH) paths on the
+    tensor-core rungs; none where the rung refuses the problem."""
+    if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, lax.Precision.HIGHEST):
+        return [lax.Precision.HIGHEST]
+    return [p for p in (lax.Precision.DEFAULT, lax.Precision.HIGH)
+            if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, p)]
+
+
 def run_rung(kernel: str) -> None:
     rng = np.random.default_rng(0)
     cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES] + [
         (LARGE_SHAPE, np.float32), (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16)]
-    cases = [((m, k, n), dtype, ta, tb) for ((m, k, n), dtype), ta, tb
-             in itertools.product(cases, (False, True), (False, True))
-             if not _ffi.refusal("cuda", kernel, dtype, dtype, (1, 1, m, n, k, ta, tb))]
+    layouts = list(itertools.product((False, True), repeat=2))
+    cases = [((m, k, n), dtype, ta, tb, precision)
+             for (m, k, n), dtype in cases for ta, tb in layouts
+             for precision in precisions(kernel, dtype, (1, 1, m, n, k, ta, tb))]
     with jax.enable_x64(True):
-        for (m, k, n), dtype, ta, tb in cases:
+        for (m, k, n), dtype, ta, tb, precision in cases:
             a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
             b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
             out = jax_tiled.tiled_matmul_p.bind(
                 jnp.asarray(a)[None], jnp.asarray(b)[None], transpose_a=ta, transpose_b=tb,
-                out_dtype=np.dtype(dtype), precision=lax.Precision.HIGHEST, kernel=kernel)[0]
+                out_dtype=np.dtype(dtype), precision=precision, kernel=kernel)[0]
             ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
-            tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 1e-5
+            tf32 = np.dtype(dtype) == np.float32 and precision == lax.Precision.DEFAULT
+            tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 5e-3 if tf32 else 1e-5
             np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(k))
     assert cases, f"no case runs on {kernel}"
     print(f"{kernel}: {len(cases)} products correct")

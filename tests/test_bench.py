@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -87,3 +88,37 @@ def test_train_step_runs_the_products_it_counts(kernel, product):
     operands = (jnp.ones((width, width)), jnp.ones((width, width)), jnp.ones((tokens, width)))
     jaxpr = str(jax.make_jaxpr(bench.train_step_fn("default", kernel))(*operands))
     assert jaxpr.count(product) == len(bench.train_step_products(width, tokens))
+
+
+def test_float32_rows_run_every_precision():
+    assert bench.precisions_for("float32", None) == ["default", "high", "highest"]
+    assert bench.precisions_for("bfloat16", None) == ["default"]
+    assert bench.precisions_for("float32", ["high"]) == ["high"]
+
+
+def test_each_precision_times_the_rungs_that_take_it(monkeypatch):
+    """A float32 'highest' row leaves out the tensor-core rungs (they refuse
+    true fp32); 'default' and 'high' rows time them. Named kernels are timed as asked."""
+    def kernels(backend=None, dtype=None, out_dtype=None, precision=None):
+        assert backend is None and dtype == jnp.float32
+        return ["warptile"] if precision == "highest" else ["warptile", "mma"]
+
+    monkeypatch.setattr(jax_tiled, "kernels", kernels)
+    available = ["warptile", "mma", "auto"]
+    assert bench.kernels_for("float32", "highest", available, False) == ["warptile", "auto"]
+    for precision in ("default", "high"):
+        assert bench.kernels_for("float32", precision, available, False) == available
+    assert bench.kernels_for("float32", "highest", ["mma"], True) == ["mma"]
+
+
+def test_rows_per_precision_share_their_peers():
+    by_precision = {"default": ["a", "b"], "high": ["a", "b", "c"], "highest": ["a"]}
+    measure = lambda p, k: types.SimpleNamespace(precision=p, kernel=k, ms=1.0, error=None)
+    rows = bench.measure_against_peers(by_precision, measure)
+    assert [(r.precision, r.kernel) for r in rows] == [
+        ("default", "jnp.matmul"), ("default", "a"), ("default", "b"),
+        ("highest", "jnp.matmul"), ("high", "a"), ("high", "b"), ("high", "c"),
+        ("highest", "a")]
+    assert [r.peer_precision for r in rows if r.kernel != "jnp.matmul"] == [
+        "default", "default", "highest", "highest", "highest", "highest"]
+    assert bench.count_rows(by_precision) == len(rows)

@@ -73,6 +73,12 @@ def test_bad_precision(bad):
         jax_tiled.matmul(A, B, precision=bad)
 
 
+@pytest.mark.parametrize("bad", ["fast", "HIGHEST", 3, ("default",)], ids=str)
+def test_kernels_rejects_a_bad_precision(bad):
+    with pytest.raises(ValueError, match="precision"):
+        jax_tiled.kernels("cpu", jnp.float32, precision=bad)
+
+
 def test_primitive_checks_its_operands():
     bind = lambda a, b, **kw: jax_tiled.tiled_matmul_p.bind(
         a, b, **{"transpose_a": False, "transpose_b": False, "out_dtype": np.dtype(np.float32),

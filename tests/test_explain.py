@@ -29,6 +29,21 @@ def test_forced_kernel_and_promotion():
     assert "float32 -> float16, precision HIGHEST: blocked: forced by kernel='blocked'" in text
 
 
+@pytest.mark.parametrize("precision,name", [
+    (None, "DEFAULT"), ("high", "HIGH"), ("tensorfloat32", "HIGH"), ("bfloat16", "DEFAULT"),
+    ("float32", "HIGHEST"), (("default", "highest"), "HIGHEST")], ids=str)
+def test_head_names_the_precision(precision, name):
+    text = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32),
+                             precision=precision, backend="cpu")
+    assert f"float32 -> float32, precision {name}: blocked: " in text
+
+
+def test_head_honours_default_matmul_precision():
+    with jax.default_matmul_precision("tensorfloat32"):
+        text = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32), backend="cpu")
+    assert "precision HIGH: blocked: " in text
+
+
 def test_bad_input_raises_like_matmul():
     with pytest.raises(ValueError, match="contracting dimensions differ"):
         jax_tiled.explain(S((4, 5), jnp.float32), S((6, 7), jnp.float32))
@@ -42,7 +57,9 @@ def test_bad_input_raises_like_matmul():
     ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
 ], ids=str)
 def test_cuda_auto_by_shape(a, b, expected):
-    assert expected in jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32), backend="gpu")
+    """float32 at HIGHEST: true fp32, on the SIMT rungs."""
+    assert expected in jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32),
+                                         precision="highest", backend="gpu")
 
 
 @needs_cuda_module
@@ -64,8 +81,12 @@ def test_cuda_auto_by_dtype():
         assert "mma: 16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU" in text
     with jax.enable_x64(True):
         text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
+                                 preferred_element_type=jnp.float64, precision="highest",
+                                 backend="gpu")
+        assert "float32 -> float64 needs warptile's converting copies" in text
+        text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
                                  preferred_element_type=jnp.float64, backend="gpu")
-    assert "float32 -> float64 needs warptile's converting copies" in text
+        assert ": warptile: " in text  # the tensor cores never give float64
 
 
 @needs_cuda_module
@@ -93,9 +114,88 @@ def test_refusal_names_the_kernel_and_dtypes():
     assert "got float32 -> float64" in _ffi.refusal("cuda", "pipelined", np.float32, np.float64)
     assert _ffi.refusal("cuda", "warptile", jnp.float16, np.float32) == ""
     for kernel in ("mma", "wgmma"):
-        assert "got float32 -> float32" in _ffi.refusal("cuda", kernel, np.float32, np.float32)
+        assert "got float32 -> float64" in _ffi.refusal("cuda", kernel, np.float32, np.float64)
         assert "got bfloat16 -> float64" in _ffi.refusal("cuda", kernel, jnp.bfloat16, np.float64)
     assert _ffi.refusal("cuda", "mma", jnp.float16, np.float32) == ""
     batch_stride_odd = (3, 3, 9, 64, 64, True, False)  # a stored (3, 64, 9): rows of 9
     assert "kernel 'wgmma' reads operands with the TMA copy engine" in _ffi.refusal(
         "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd)
+
+
+TENSOR_CORE_RUNGS = ("mma", "wgmma")
+SIMT_RUNGS = ("regblock", "warptile", "pipelined", "smem", "smem16")
+
+
+def _tensor_core_rungs() -> tuple[str, ...]:
+    return TENSOR_CORE_RUNGS if _ffi.cuda_compute_capability() == _ffi.HOPPER else ("mma",)
+
+
+@needs_cuda_module
+def test_refusal_float32_by_precision():
+    """The tensor-core rungs take float32 at DEFAULT (TF32) and HIGH (3xTF32),
+    not at HIGHEST (true fp32); the SIMT rungs take it at every precision."""
+    for kernel in _tensor_core_rungs():
+        for precision in ("default", "high", jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH):
+            assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
+                                precision=precision) == "", (kernel, precision)
+        for out_dtype in (np.float32, jnp.bfloat16, jnp.float16):
+            assert _ffi.refusal("cuda", kernel, np.float32, out_dtype) == ""
+            why = _ffi.refusal("cuda", kernel, np.float32, out_dtype, precision="highest")
+            assert f"kernel '{kernel}'" in why and "HIGHEST" in why and "fp32" in why, why
+        # 16-bit inputs: precision changes nothing.
+        assert _ffi.refusal("cuda", kernel, jnp.bfloat16, jnp.bfloat16, precision="highest") == ""
+    for kernel in SIMT_RUNGS:
+        for precision in ("default", "high", "highest"):
+            assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
+                                precision=precision) == "", (kernel, precision)
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("precision", ["default", "high"])
+def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
+    """TF32 wgmma reads shared-memory tiles K-major only, and its register
+    operand takes one MN-major operand: not both (transpose_a without transpose_b)."""
+    if _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        pytest.skip("wgmma needs a Hopper GPU")
+    for transpose_a, transpose_b in ((False, False), (False, True), (True, True)):
+        problem = (1, 1, 256, 256, 256, transpose_a, transpose_b)
+        assert _ffi.refusal("cuda", "wgmma", np.float32, np.float32, problem, precision) == ""
+    both_mn_major = (1, 1, 256, 256, 256, True, False)
+    why = _ffi.refusal("cuda", "wgmma", np.float32, np.float32, both_mn_major, precision)
+    assert "wgmma" in why and "K-major" in why, why
+    assert _ffi.refusal("cuda", "mma", np.float32, np.float32, both_mn_major, precision) == ""
+    # 16-bit wgmma takes every layout.
+    assert _ffi.refusal("cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, both_mn_major) == ""
+    text = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
+    assert text.startswith("mma: ") and "wgmma" in text, text
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)],
+                         ids=str)
+def test_cuda_auto_float32_by_precision(shape):
+    """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT rung; the
+    head names the precision either way."""
+    m, k, n = shape
+    a, b = S((m, k), jnp.float32), S((k, n), jnp.float32)
+    for precision in ("default", "high", "highest"):
+        text = jax_tiled.explain(a, b, precision=precision, backend="gpu")
+        _, head, rung = text.split(": ")[:3]
+        assert head.endswith(f"precision {precision.upper()}"), text
+        expected = SIMT_RUNGS if precision == "highest" else _tensor_core_rungs()
+        assert rung in expected, text
+    with jax.default_matmul_precision("float32"):
+        text = jax_tiled.explain(a, b, backend="gpu")
+    assert "precision HIGHEST" in text and text.split(": ")[2] in SIMT_RUNGS, text
+
+
+@needs_cuda_module
+def test_forced_tensor_core_rung_at_highest_raises():
+    """explain checks a forced rung as matmul does: float32 at HIGHEST on a
+    tensor-core rung is a ValueError naming the precision."""
+    a = S((256, 256), jnp.float32)
+    for kernel in _tensor_core_rungs():
+        text = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")
+        assert text.endswith(f"{kernel}: forced by kernel={kernel!r}")
+        with pytest.raises(ValueError, match="(?s)HIGHEST.*precision HIGHEST"):
+            jax_tiled.explain(a, a, kernel=kernel, precision="highest", backend="gpu")

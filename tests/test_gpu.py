@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import jax_tiled
+from conftest import assert_matmul_close
 
 pytestmark = pytest.mark.gpu
 
@@ -57,12 +58,16 @@ def test_operand_over_2_31_elements(dtype):
     with jax.default_device(jax.devices("cuda")[0]):
         a = jax.random.normal(key_a, (m, k), dtype)
         b = jax.random.normal(key_b, (k, n), dtype)
+        true_fp32 = jax_tiled.kernels("gpu", dtype, jnp.float32, precision="highest")
         for kernel in jax_tiled.kernels("gpu", dtype, jnp.float32):
+            # Each rung at the precision it computes: float32 on the tensor-core
+            # rungs is TF32 (DEFAULT), on the others true fp32 (HIGHEST).
+            precision = "highest" if kernel in true_fp32 else "default"
             out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
-                                                        kernel=kernel))(a, b)
+                                                        precision=precision, kernel=kernel))(a, b)
             rows = np.r_[0:4, m // 2, m - 4:m]
-            ref = np.asarray(a[rows], np.float64) @ np.asarray(b, np.float64)
-            np.testing.assert_allclose(np.asarray(out[rows]), ref, rtol=1e-4, atol=1e-3)
+            assert_matmul_close(out[rows], a[rows], b, platform="cuda", precision=precision,
+                                out_dtype=np.float32)
             del out
 
 
@@ -71,7 +76,16 @@ def test_cuda_kernels_listed():
     assert {"smem", "smem16", "regblock", "warptile", "pipelined", "mma"} <= set(names)
     assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
     assert "mma" in jax_tiled.kernels("gpu", jnp.bfloat16)
-    assert not {"mma", "wgmma"} & set(jax_tiled.kernels("gpu", jnp.float32))
+    # float32 runs on the tensor cores as TF32 (DEFAULT) or 3xTF32 (HIGH), never
+    # as the true fp32 that HIGHEST asks for.
+    assert "mma" in jax_tiled.kernels("gpu", jnp.float32)
+    assert "mma" in jax_tiled.kernels("gpu", jnp.float32, precision="high")
+    highest = set(jax_tiled.kernels("gpu", jnp.float32, precision="highest"))
+    assert not {"mma", "wgmma"} & highest
+    assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= highest
+    with jax.default_matmul_precision("float32"):  # precision=None honours it
+        assert not {"mma", "wgmma"} & set(jax_tiled.kernels("gpu", jnp.float32))
+    assert "mma" not in jax_tiled.kernels("gpu", jnp.float32, jnp.float64)
     assert "smem_racy_for_testing" not in names
 
 

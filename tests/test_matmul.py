@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from conftest import assert_matmul_close, kernels_on, random_array, x64
+from conftest import assert_matmul_close, kernels_on, matmul_problem, random_array, x64
 
 # jnp.matmul's own cases: vectors, matrices, broadcast batches.
 SHAPE_CASES = [
@@ -40,7 +40,7 @@ def test_shape_cases(platform, rng, a_shape, b_shape):
     a = random_array(rng, a_shape, np.float32)
     b = random_array(rng, b_shape, np.float32)
     ref = jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
-    for kernel in kernels_on(platform):
+    for kernel in kernels_on(platform, precision="highest"):
         out = jax_tiled.matmul(a, b, kernel=kernel, precision="highest")
         assert out.shape == ref.shape
         assert_matmul_close(out, a, b, platform=platform, precision="highest")
@@ -64,7 +64,7 @@ def test_tile_edges_each_dimension(platform, rng, dim):
         dims = {"m": 37, "k": 61, "n": 45, dim: size}
         a = random_array(rng, (dims["m"], dims["k"]), np.float32)
         b = random_array(rng, (dims["k"], dims["n"]), np.float32)
-        for kernel in kernels_on(platform):
+        for kernel in kernels_on(platform, precision="highest"):
             out = jax_tiled.matmul(a, b, kernel=kernel, precision="highest")
             assert_matmul_close(out, a, b, platform=platform, precision="highest")
 
@@ -73,7 +73,7 @@ def test_tile_edges_cube(platform, rng):
     for m, k, n in itertools.product([1, 33, 97, 511], repeat=3):
         a = random_array(rng, (m, k), np.float32)
         b = random_array(rng, (k, n), np.float32)
-        for kernel in kernels_on(platform):
+        for kernel in kernels_on(platform, precision="highest"):
             out = jax_tiled.matmul(a, b, kernel=kernel, precision="highest")
             assert_matmul_close(out, a, b, platform=platform, precision="highest")
 
@@ -87,7 +87,7 @@ def test_zero_sizes(platform, rng, a_shape, b_shape):
     a = random_array(rng, a_shape, np.float32)
     b = random_array(rng, b_shape, np.float32)
     ref = np.matmul(a, b)
-    for kernel in kernels_on(platform):
+    for kernel in kernels_on(platform, problem=matmul_problem(a, b)):
         out = jax_tiled.matmul(a, b, kernel=kernel)
         assert out.shape == ref.shape and out.dtype == np.float32
         np.testing.assert_array_equal(out, ref)  # empty, or exact zeros when K == 0
@@ -107,7 +107,7 @@ def test_dtypes_and_transposes(platform, rng, dtype, transpose):
         a_op = np.swapaxes(a, 1, 2) if "a" in transpose else a
         b_op = np.swapaxes(b, 1, 2) if "b" in transpose else b
         problem = (2, 2, m, n, k, "a" in transpose, "b" in transpose)
-        for kernel in kernels_on(platform, dtype, problem=problem):
+        for kernel in kernels_on(platform, dtype, problem=problem, precision="highest"):
             out = jax_tiled.tiled_matmul_p.bind(
                 jnp.asarray(a), jnp.asarray(b), transpose_a="a" in transpose,
                 transpose_b="b" in transpose, out_dtype=np.dtype(dtype),
@@ -135,7 +135,7 @@ def test_preferred_element_type(platform, rng, in_dtype, out_dtype):
     with x64():
         a = random_array(rng, (3, 21, 130), in_dtype)
         b = random_array(rng, (130, 19), in_dtype)
-        for kernel in kernels_on(platform, in_dtype, out_dtype,
+        for kernel in kernels_on(platform, in_dtype, out_dtype, precision="highest",
                                  problem=(1, 1, 3 * 21, 19, 130, False, False)):
             out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
                                    precision="highest")
@@ -153,9 +153,9 @@ def test_bit_exact_on_small_integers(platform, rng, dtype, k):
         ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
         assert np.abs(ref).max() > 0
         out_dtype = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-        for kernel in kernels_on(platform, dtype, out_dtype,
-                                 problem=(2, 2, 45, 77, k, False, False)):
-            for precision in ("default", "high", "highest"):
+        for precision in ("default", "high", "highest"):
+            for kernel in kernels_on(platform, dtype, out_dtype, precision=precision,
+                                     problem=(2, 2, 45, 77, k, False, False)):
                 out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
                                        precision=precision)
                 np.testing.assert_array_equal(np.asarray(out, np.float64), ref)
@@ -164,7 +164,7 @@ def test_bit_exact_on_small_integers(platform, rng, dtype, k):
 def test_repeated_runs_bitwise_identical(platform, rng):
     a = random_array(rng, (300, 700), np.float32)
     b = random_array(rng, (700, 500), np.float32)
-    for kernel in kernels_on(platform):
+    for kernel in kernels_on(platform, problem=matmul_problem(a, b)):
         f = jax.jit(lambda a, b: jax_tiled.matmul(a, b, kernel=kernel))
         first = np.asarray(f(a, b))
         for _ in range(9):

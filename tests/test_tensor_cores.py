@@ -1,9 +1,10 @@
-"""The 16-bit tensor-core rungs, "mma" (mma.sync, sm_80+) and "wgmma" (Hopper
-TMA + wgmma), on shapes both can run: every contiguous axis a multiple of 8
-elements (16 bytes), as the copy engine needs, with M, N and K off the tile
-sizes (mma 128 x 128 x 32 and 64 x 64; wgmma 128 x 256 or 128 x 128, 64 deep).
-Shapes the copy engine cannot read run on "mma" under "auto", and forcing
-"wgmma" on them is refused at trace time."""
+"""The tensor-core rungs, "mma" (mma.sync, sm_80+) and "wgmma" (Hopper TMA +
+wgmma), on 16-bit inputs (float32 on them, as TF32, is test_tf32.py's), on
+shapes both can run: every contiguous axis a multiple of 8 elements (16 bytes),
+as the copy engine needs, with M, N and K off the tile sizes (mma 128 x 128 x 32
+and 64 x 64; wgmma 128 x 256 or 128 x 128, 64 deep). Shapes the copy engine
+cannot read run on "mma" under "auto", and forcing "wgmma" on them is refused
+at trace time."""
 
 from __future__ import annotations
 
@@ -162,8 +163,13 @@ def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):
                                        precision=np.int32(0), kernel="wgmma"))
 
 
-def test_tensor_core_rungs_refuse_float32():
+def test_tensor_core_rungs_refuse_true_fp32_and_float64_results():
+    """float32 runs on them as TF32 or 3xTF32 (test_tf32.py); the true fp32
+    arithmetic of precision HIGHEST, and float64 results, they refuse."""
     a = jnp.ones((64, 64), jnp.float32)
-    for kernel in TENSOR_CORE_RUNGS:
-        with pytest.raises(TypeError, match=f"kernel '{kernel}' computes bfloat16 or float16"):
-            jax_tiled.matmul(a, a, kernel=kernel)
+    for kernel in rungs(np.float32)[1:]:
+        with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*HIGHEST"):
+            jax_tiled.matmul(a, a, kernel=kernel, precision="highest")
+        with jax.enable_x64(True):
+            with pytest.raises(TypeError, match=f"kernel '{kernel}'.*float32 -> float64"):
+                jax_tiled.matmul(a, a, kernel=kernel, preferred_element_type=jnp.float64)

@@ -57,7 +57,7 @@ def test_jit_grad_jvp_match_jnp(platform, rng, a_shape, b_shape):
     b = random_array(rng, b_shape, np.float32)
     da = random_array(rng, a_shape, np.float32)
     db = random_array(rng, b_shape, np.float32)
-    for kernel in kernels_on(platform):
+    for kernel in kernels_on(platform, precision=HIGHEST):
         mm = lambda a, b: tiled(a, b, kernel)
         assert_trees_close(jax.jit(mm)(a, b), reference(a, b))
         assert_trees_close(jax.grad(loss_of(mm), (0, 1))(a, b),
@@ -73,7 +73,7 @@ def test_check_grads_second_order(platform, rng, a_shape, b_shape):
     with x64():
         a = random_array(rng, a_shape, np.float64)
         b = random_array(rng, b_shape, np.float64)
-        for kernel in kernels_on(platform, np.float64):
+        for kernel in kernels_on(platform, np.float64, precision=HIGHEST):
             check_grads(lambda a, b: tiled(a, b, kernel), (a, b), order=2, modes=("fwd", "rev"))
             check_grads(loss_of(lambda a, b: tiled(a, b, kernel)), (a, b), order=2,
                         modes=("fwd", "rev"))
@@ -102,7 +102,7 @@ def test_vmap_any_axis(platform, rng, a_axis, b_axis):
         b_shape.insert(b_axis % (len(b_shape) + 1), v)
     a = random_array(rng, a_shape, np.float32)
     b = random_array(rng, b_shape, np.float32)
-    for kernel in kernels_on(platform):
+    for kernel in kernels_on(platform, precision=HIGHEST):
         out = jax.vmap(lambda a, b: tiled(a, b, kernel), in_axes=(a_axis, b_axis))(a, b)
         ref = jax.vmap(reference, in_axes=(a_axis, b_axis))(a, b)
         assert_trees_close(out, ref)

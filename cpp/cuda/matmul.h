@@ -20,16 +20,20 @@ struct ProblemShape {
 };
 
 // "<rung>: <why>" for what kernel="auto" runs on this problem from `dtype`
-// inputs to an `out_dtype` result (numpy's names) on a GPU with that many SMs
-// and compute capability (major * 10 + minor).
+// inputs to an `out_dtype` result (numpy's names) at `precision` (the FFI
+// attribute's code) on a GPU with that many SMs and compute capability
+// (major * 10 + minor).
 std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
-                        const ProblemShape& shape, int multiprocessors, int compute_capability);
+                        const ProblemShape& shape, int precision, int multiprocessors,
+                        int compute_capability);
 
 // Why rung `kernel` cannot run this problem, or "" if it can: some rungs are
 // built for some dtypes only (their copies or instructions do not convert),
-// and the Hopper rung needs operands its copy engine can read.
+// the tensor-core rungs cannot give float32 the true fp32 arithmetic that
+// precision HIGHEST asks for, and the Hopper rung needs operands its copy
+// engine can read.
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
-                          std::string_view out_dtype, const ProblemShape& shape,
+                          std::string_view out_dtype, const ProblemShape& shape, int precision,
                           int compute_capability);
 }  // namespace jax_tiled::cuda
 

@@ -16,31 +16,32 @@ NB_MODULE(_cuda, m) {
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
   m.def("kernels", [] { return nb::str(jax_tiled::cuda::kKernelNames); },
         "Comma-separated names of the kernels this module runs.");
-  // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b).
+  // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b), then
+  // the precision as the FFI attribute codes it (0 DEFAULT, 1 HIGH, 2 HIGHEST).
   using jax_tiled::cuda::ProblemShape;
   m.def("explain_auto",
         [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
-           int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+           int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, int precision,
            int multiprocessors, int compute_capability) {
           return jax_tiled::cuda::ExplainAuto(
               dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
-              multiprocessors, compute_capability);
+              precision, multiprocessors, compute_capability);
         },
         nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"),
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
-        nb::arg("multiprocessors"), nb::arg("compute_capability"),
+        nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
         "'<rung>: <why>' for what kernel='auto' runs on this problem (no GPU needed).");
   m.def("kernel_refusal",
         [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
            int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
-           bool transpose_b, int compute_capability) {
+           bool transpose_b, int precision, int compute_capability) {
           return jax_tiled::cuda::KernelRefusal(
               kernel, dtype, out_dtype,
-              ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
+              ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b}, precision,
               compute_capability);
         },
         nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),
         nb::arg("batch_b"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"),
-        nb::arg("transpose_b"), nb::arg("compute_capability"),
+        nb::arg("transpose_b"), nb::arg("precision"), nb::arg("compute_capability"),
         "Why the kernel cannot run this problem, or '' if it can.");
 }

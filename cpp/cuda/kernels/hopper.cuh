@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks shared by the TMA + wgmma rungs: tensor maps
 // for the copy engine, mbarriers that its copies complete on, shared-memory
-// matrix descriptors for wgmma's 128-byte swizzle, and the wgmma instructions.
+// matrix descriptors for wgmma's 128-byte swizzle, and the wgmma instructions
+// (16-bit from shared memory; TF32 with A from registers).
 //
 // Everything device-side here compiles only for sm_90a (wgmma and setmaxnreg
 // exist nowhere else); the handler launches these kernels only on compute
@@ -28,17 +29,20 @@ namespace jax_tiled::cuda::hopper {
 
 // ---------------------------------------------------------------- host side
 
-// A 16-bit operand as the copy engine sees it: a (batches, rows, row_length)
-// array with row_length contiguous, read in boxes of box_rows x 64 elements
-// (64 x 2 bytes: one 128-byte swizzle row).
+// An operand as the copy engine sees it: a (batches, rows, row_length) array
+// with row_length contiguous, read in boxes of box_rows x one 128-byte
+// swizzle row (64 16-bit or 32 float32 elements).
 struct OperandLayout {
   const void* base;
   int64_t row_length, rows, batches;  // batches: 1 for a broadcast operand
   int64_t row_stride, batch_stride;   // in elements
   int box_rows;
+  int element_bytes;
 };
 
-inline constexpr int kSwizzleElements = 64;  // 16-bit elements in one 128-byte row
+inline constexpr int kSwizzleBytes = 128;
+template <class In>
+inline constexpr int kSwizzleElements = kSwizzleBytes / sizeof(In);  // in one swizzle row
 
 // What the copy engine demands of an operand (cuTensorMapEncodeTiled): a
 // 16-byte-aligned base, strides in whole 16-byte units, and coordinates that
@@ -46,10 +50,12 @@ inline constexpr int kSwizzleElements = 64;  // 16-bit elements in one 128-byte 
 inline bool TmaCanTake(const OperandLayout& o) {
   constexpr int64_t kMaxCoordinate = int64_t{1} << 31, kMaxStrideBytes = int64_t{1} << 40;
   const bool batched = o.batches > 1;
-  return reinterpret_cast<uintptr_t>(o.base) % 16 == 0 && o.row_stride % 8 == 0 &&
-         (!batched || o.batch_stride % 8 == 0) && o.row_length < kMaxCoordinate &&
+  const int64_t row_bytes = o.element_bytes * o.row_stride;
+  const int64_t batch_bytes = o.element_bytes * o.batch_stride;
+  return reinterpret_cast<uintptr_t>(o.base) % 16 == 0 && row_bytes % 16 == 0 &&
+         (!batched || batch_bytes % 16 == 0) && o.row_length < kMaxCoordinate &&
          o.rows < kMaxCoordinate && o.batches < kMaxCoordinate &&
-         2 * o.row_stride < kMaxStrideBytes && (!batched || 2 * o.batch_stride < kMaxStrideBytes);
+         row_bytes < kMaxStrideBytes && (!batched || batch_bytes < kMaxStrideBytes);
 }
 
 // The driver's tensor-map encoder, looked up once through the runtime so the
@@ -72,19 +78,20 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // microsecond or so, redone per call since buffers move between calls.
 template <class In>
 cudaError_t EncodeOperand(const OperandLayout& o, CUtensorMap* map) {
-  static_assert(sizeof(In) == 2, "the 128-byte swizzle boxes hold 64 16-bit elements");
+  constexpr int64_t kBytes = sizeof(In);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (!encode) return cudaErrorNotSupported;
-  const CUtensorMapDataType type = std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType type = std::is_same_v<In, float>    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   // A broadcast operand's batch stride is never followed; any legal one will do.
   const int64_t batch_stride = o.batches > 1 ? o.batch_stride : o.rows * o.row_stride;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(o.row_length),
                               static_cast<cuuint64_t>(o.rows),
                               static_cast<cuuint64_t>(o.batches)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(2 * o.row_stride),
-                                 static_cast<cuuint64_t>((2 * batch_stride + 15) / 16 * 16)};
-  const cuuint32_t box[3] = {kSwizzleElements, static_cast<cuuint32_t>(o.box_rows), 1};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kBytes * o.row_stride),
+                                 static_cast<cuuint64_t>((kBytes * batch_stride + 15) / 16 * 16)};
+  const cuuint32_t box[3] = {kSwizzleElements<In>, static_cast<cuuint32_t>(o.box_rows), 1};
   const cuuint32_t unit_steps[3] = {1, 1, 1};
   const CUresult result = encode(map, type, 3, const_cast<void*>(o.base), dims, strides, box,
                                  unit_steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -114,6 +121,12 @@ __device__ __forceinline__ void ArriveExpectingBytes(uint64_t* bar, uint32_t byt
                    SharedAddress(bar)),
                "r"(bytes)
                : "memory");
+}
+
+// Orders this thread's ordinary shared-memory writes before later reads by
+// the async proxy (wgmma's operand fetches, the copy engine).
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void Arrive(uint64_t* bar) {
@@ -161,28 +174,41 @@ __device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile, uint32_t 
          static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32 | kSwizzle128B;
 }
 
-// A tile of x_extent x 64 (k) 16-bit elements as the copy engine lays it
-// down with the 128-byte swizzle, and its descriptor for the k16 step `step`
-// of the 64 x-rows starting at x0.
-//   K-major (k contiguous): one box of x_extent rows of 64 k (128 bytes);
-//     8-row groups 1024 bytes apart; a k16 step is 32 bytes along the row.
-//   MN-major (x contiguous): boxes of 64 k rows of 64 x, 8 KB each, side by
-//     side along x; 8-k groups 1024 bytes apart, a k16 step 2 groups, and
-//     the next 64 x (the "leading" axis) one box further.
-template <bool kMnMajor, int kXExtent>
+// A tile of x_extent x E (k) elements, E = one 128-byte swizzle row (64
+// 16-bit or 32 float32), as the copy engine lays it down with the 128-byte
+// swizzle, and its descriptor for instruction step `step` (k16 for 16-bit,
+// k8 for TF32: 32 bytes of k either way) of the 64 x-rows starting at x0.
+//   K-major (k contiguous): one box of x_extent rows of E k (128 bytes);
+//     8-row groups 1024 bytes apart; a step is 32 bytes along the row.
+//   MN-major (x contiguous): boxes of E k rows of E x side by side along x;
+//     8-k groups 1024 bytes apart, a 16-bit k16 step 2 groups, and the next
+//     64 x (the "leading" axis) one box further. (TF32 wgmma reads no
+//     MN-major tile: its MN-major A goes through registers, ElementOffset.)
+template <class In, bool kMnMajor, int kXExtent>
 struct SwizzledTile {
-  static constexpr int kBytes = kXExtent * kSwizzleElements * 2;
-  static constexpr int kBoxRows = kMnMajor ? kSwizzleElements : kXExtent;
-  static constexpr int kBoxes = kMnMajor ? kXExtent / kSwizzleElements : 1;
+  static constexpr int kElements = kSwizzleElements<In>;
+  static constexpr int kBytes = kXExtent * kSwizzleBytes;
+  static constexpr int kBoxRows = kMnMajor ? kElements : kXExtent;
+  static constexpr int kBoxes = kMnMajor ? kXExtent / kElements : 1;
   static constexpr int kBoxBytes = kBytes / kBoxes;
   static_assert(kXExtent % 64 == 0 && kXExtent <= 256, "a box spans at most 256 rows");
 
   __device__ __forceinline__ static uint64_t Descriptor(const uint8_t* tile, int x0, int step) {
-    if constexpr (kMnMajor)
-      return MatrixDescriptor(tile + x0 / kSwizzleElements * kBoxBytes + step * 2048, kBoxBytes,
-                              1024);
-    else
-      return MatrixDescriptor(tile + x0 * 128 + step * 32, 16, 1024);
+    if constexpr (kMnMajor) {
+      static_assert(sizeof(In) == 2, "wgmma reads MN-major tiles of 16-bit types only");
+      return MatrixDescriptor(tile + x0 / kElements * kBoxBytes + step * 2048, kBoxBytes, 1024);
+    } else {
+      return MatrixDescriptor(tile + x0 * kSwizzleBytes + step * 32, 16, 1024);
+    }
+  }
+
+  // Byte offset of element (x, k): the swizzle moves 16-byte chunk c of
+  // stored row r to chunk c ^ (r % 8).
+  __device__ __forceinline__ static int ElementOffset(int x, int k) {
+    const int row = kMnMajor ? k : x;
+    const int byte = (kMnMajor ? x % kElements : k) * static_cast<int>(sizeof(In));
+    const int box = kMnMajor ? x / kElements : 0;
+    return box * kBoxBytes + row * kSwizzleBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16;
   }
 
   // Box b of the tile at (x0, k0): its destination and its coordinates in the
@@ -192,7 +218,7 @@ struct SwizzledTile {
                                               int64_t batch) {
 #pragma unroll
     for (int box = 0; box < kBoxes; ++box) {
-      const int x = static_cast<int>(x0) + box * kSwizzleElements, k = static_cast<int>(k0);
+      const int x = static_cast<int>(x0) + box * kElements, k = static_cast<int>(k0);
       if constexpr (kMnMajor)
         LoadBox(tile + box * kBoxBytes, map, bar, x, k, static_cast<int>(batch));
       else
@@ -264,6 +290,31 @@ __device__ __forceinline__ void GrowRegisters() {
   "%124, %125, %126, %127"                                                            \
   "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
 
+// TF32, A from registers: the accumulators, then a0..a3, B's descriptor and
+// the accumulate flag; TF32 has no transpose immediates (B is K-major).
+#define JAX_TILED_WGMMA_TF32_N128                                                     \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                      \
+  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"                            \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"              \
+  "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n}\n"
+
+#define JAX_TILED_WGMMA_TF32_N256                                                     \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %133, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"                            \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "  \
+  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
+  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "  \
+  "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "      \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "    \
+  "%124, %125, %126, %127"                                                            \
+  "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
+
 #define JAX_TILED_ACC8(d, i)                                                              \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -301,6 +352,38 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
 #endif
 }
 
+// One TF32 wgmma: d (+)= A * B for a 64 x 8 slice of A held in registers
+// (a: this thread's four TF32 values, the layout of mma.sync's m16n8k8 A per
+// warp, warp w holding rows 16w..16w+15) and 8 x kN of B read K-major from
+// shared memory. Registers let A be stored either way, which wgmma's TF32
+// shared-memory operands cannot be: they must be K-major.
+template <int kN>
+__device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b,
+                                          int accumulate) {
+#if JAX_TILED_SM90A
+  if constexpr (kN == 256) {
+    asm volatile(JAX_TILED_WGMMA_TF32_N256
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  } else {
+    static_assert(kN == 128, "wgmma tiles here are 128 or 256 wide");
+    asm volatile(JAX_TILED_WGMMA_TF32_N128
+                 : JAX_TILED_ACC64(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  }
+#endif
+}
+
+// Keeps register operands of in-flight wgmmas where they are until a wait
+// has retired the instructions that read them (see FenceAccumulators).
+template <int kN>
+__device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#undef JAX_TILED_WGMMA_TF32_N256
+#undef JAX_TILED_WGMMA_TF32_N128
 #undef JAX_TILED_ACC64
 #undef JAX_TILED_ACC8
 #undef JAX_TILED_WGMMA_N256

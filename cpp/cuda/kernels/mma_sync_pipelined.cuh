@@ -1,6 +1,7 @@
 // Rung 4, "mma": tensor cores through warp-wide mma.sync (sm_80+, also runs
-// on sm_90), bfloat16 or float16 inputs accumulated in float32, fed by rung
-// 3's multi-stage cp.async pipeline.
+// on sm_90), bfloat16 or float16 inputs, or float32 ones as TF32 (one pass, or
+// three for close to float32 precision: tf32.cuh), accumulated in float32, fed
+// by rung 3's multi-stage cp.async pipeline.
 //
 // What it fixes in rung 3 (see NOTES.md): there, every multiply-add was an
 // FFMA issued by one thread, and the loop ran out of issue slots (FFMA 71% of
@@ -15,10 +16,26 @@
 // ([x][k]: A plain, B transposed) is read by plain ldmatrix, an MN-major one
 // ([k][x]: A transposed, B plain) by ldmatrix.trans, which transposes each
 // 8 x 8 fragment as it loads it. The two layouts are template parameters of
-// the kernel, so the loop holds no layout branches. Rows are padded by 8
-// elements to an odd number of 16-byte units (80, 144 or 272 bytes), so the
+// the kernel, so the loop holds no layout branches. Rows are padded by 16
+// bytes to an odd number of 16-byte units (80, 144 or 272 bytes), so the
 // 8 rows of a fragment fall in 8 distinct groups of 4 banks: each ldmatrix
 // phase is conflict-free.
+//
+// float32 goes through mma.sync.m16n8k8 on TF32, whose registers hold one
+// float where the 16-bit ones hold two elements; K per instruction halves, so
+// a slab of the same 64 bytes per row (32 k of 16-bit, 16 of float) makes
+// stages, shared memory and copies the same size for every input. The copies
+// move raw float32 bits; each fragment is rounded, or split into two, to TF32
+// in registers after it is loaded. ldmatrix still reads K-major float tiles:
+// an 8 x 8 b16 matrix is 8 rows of 4 floats, and the plain load hands lane l
+// float l % 4 of row l / 4, exactly the TF32 fragment. ldmatrix.trans would
+// transpose 2-byte halves of floats, so an MN-major float tile is read by
+// scalar 32-bit loads instead: the same bytes in four instructions where
+// ldmatrix.x4 issues one, 16 per operand, warp and k8 step where 4 would do,
+// beside 32 mma and 32 conversions to TF32 (split, on 64 x 32 warp tiles: 16
+// and 8 loads beside 48 mma and 72 instructions of splitting). In those loads lane (g, t) reads element (x g, k t) of [k][x]
+// rows, so the rows are padded by 8 floats (not 16 bytes) to a pitch of 8
+// banks mod 32, putting the lane in bank 8t + g: conflict-free too.
 //
 // cp.async needs 16-byte aligned rows. An operand whose rows are not (odd ld,
 // offset base or batch stride) is copied by bounds-checked element loads into
@@ -35,51 +52,68 @@
 
 #include "cuda/kernels/async_copy.cuh"
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/tf32.cuh"
 
 namespace jax_tiled::cuda {
 
-// Block shape in warps, each warp's output tile, the K slab depth, the slabs
-// resident in shared memory, and how many blocks must fit on one SM.
-template <int kWarpsM_, int kWarpsN_, int kWarpM_, int kWarpN_, int kSlab_, int kStages_,
-          int kMinBlocks_>
+// The input type, block shape in warps, each warp's output tile, the K slab
+// depth, the slabs resident in shared memory, and how many blocks must fit on
+// one SM.
+template <class In, int kWarpsM_, int kWarpsN_, int kWarpM_, int kWarpN_, int kSlab_,
+          int kStages_, int kMinBlocks_>
 struct MmaConfig {
+  using Input = In;
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
   static constexpr int kWarpM = kWarpM_, kWarpN = kWarpN_;
   static constexpr int kSlab = kSlab_, kStages = kStages_, kMinBlocks = kMinBlocks_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBlockM = kWarpsM * kWarpM, kBlockN = kWarpsN * kWarpN;
   static constexpr int kTilesM = kWarpM / 16, kTilesN = kWarpN / 8;  // mma tiles per warp
-  // One ldmatrix.x4 loads a 16 x 16 piece: one m16 tile of A, or two n8 tiles of B.
+  // K per mma: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; 32 bytes either way.
+  static constexpr int kStep = sizeof(In) == 2 ? 16 : 8;
+  // One ldmatrix.x4 loads a 16 x kStep piece: one m16 tile of A, or two n8 tiles of B.
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles are whole 16 x 16 pieces");
-  static_assert(kSlab % 16 == 0, "a slab is whole k16 steps");
+  static_assert(kSlab % kStep == 0, "a slab is whole mma k steps");
   static_assert(kStages >= 2, "a pipeline needs a slab to fill while one is read");
 };
 
 // One operand's K slab in shared memory, in its global layout: K-major
 // ([kX][kSlab]) or MN-major ([kSlab][kX]), x being the operand's free axis
-// (M for A, N for B). Elements are 2 bytes.
-template <int kX_, int kSlab_, bool kKMajor_>
+// (M for A, N for B).
+template <class In, int kX_, int kSlab_, bool kKMajor_>
 struct MmaTile {
   static constexpr int kX = kX_, kSlab = kSlab_;
   static constexpr bool kKMajor = kKMajor_;
+  static constexpr int kElementBytes = sizeof(In);
+  static constexpr int kChunk = 16 / kElementBytes;  // elements per copy and per ldmatrix row
+  // ldmatrix.trans cannot transpose floats (see the top of the file).
+  static constexpr bool kLdmatrix = kElementBytes == 2 || kKMajor;
   static constexpr int kRows = kKMajor ? kX : kSlab;
-  static constexpr int kPitch = (kKMajor ? kSlab : kX) + 8;  // elements per padded row
-  static constexpr int kBytes = kRows * kPitch * 2;
-  static_assert(kPitch * 2 % 32 == 16, "rows must be an odd number of 16-byte units");
+  // Elements per padded row: 16 bytes of padding for ldmatrix, 8 floats for
+  // scalar loads (see the top of the file for both).
+  static constexpr int kPitch = (kKMajor ? kSlab : kX) + (kLdmatrix ? kChunk : 8);
+  static constexpr int kBytes = kRows * kPitch * kElementBytes;
+  static_assert(kElementBytes == 2 || kElementBytes == 4, "16-bit or float32 elements");
+  static_assert(kLdmatrix ? kPitch * kElementBytes % 32 == 16 : kPitch % 32 == 8,
+                "ldmatrix rows an odd number of 16-byte units; scalar rows 8 banks apart");
 
-  // Byte offset of the 16-byte row that `lane` hands to ldmatrix.x4 for the
-  // 16 x 16 piece at free-axis offset x0, k = 0. Matrix q = lane / 8 of the
-  // four covers free-axis half x_half and k half k_half of the piece; its
-  // lanes give its 8 rows, lane % 8 being the row.
-  __device__ __forceinline__ static int FragmentOffset(int lane, int x0, int x_half, int k_half) {
-    const int x = x0 + x_half * 8, k = k_half * 8;
-    return kKMajor ? ((x + lane % 8) * kPitch + k) * 2 : ((k + lane % 8) * kPitch + x) * 2;
+  // Byte offset of element (x, k).
+  __host__ __device__ static constexpr int Offset(int x, int k) {
+    return (kKMajor ? x * kPitch + k : k * kPitch + x) * kElementBytes;
   }
 
-  // Bytes from the piece at (x0, k = 0) to the piece 16 * x16 further along
-  // the free axis and 16 * k16 along K.
-  __host__ __device__ static constexpr int PieceStep(int x16, int k16) {
-    return kKMajor ? (x16 * 16 * kPitch + k16 * 16) * 2 : (k16 * 16 * kPitch + x16 * 16) * 2;
+  // Byte offset of what `lane` reads for the warp's fragments at free-axis
+  // offset x0, k = 0. ldmatrix.x4: the 16-byte row it addresses; matrix
+  // q = lane / 8 of the four covers free-axis half x_half and 16-byte k part
+  // k_part of the piece, lane % 8 being the row. Scalar loads: its element of
+  // the first register, (x0 + g, t), x_half and k_part being unused.
+  __device__ __forceinline__ static int FragmentOffset(int lane, int x0, int x_half, int k_part) {
+    if constexpr (kLdmatrix) {
+      const int x = x0 + x_half * 8, k = k_part * kChunk;
+      return kKMajor ? Offset(x + lane % 8, k) : Offset(x, k + lane % 8);
+    } else {
+      return Offset(x0 + lane / 4, lane % 4);
+    }
   }
 };
 
@@ -103,62 +137,87 @@ __device__ __forceinline__ void LoadMatrices(uint32_t& r0, uint32_t& r1, uint32_
   }
 }
 
-// c += a (16 x 16, row-major) * b (16 x 8, column-major), float accumulators.
-// With g = lane / 4, t = lane % 4, each register holding two consecutive k
-// (or columns): a0 (row g, k 2t), a1 (row g + 8, k 2t), a2 (row g, k 2t + 8),
-// a3 (row g + 8, k 2t + 8); b0 (k 2t, col g), b1 (k 2t + 8, col g);
-// c0, c1 (row g, cols 2t, 2t + 1), c2, c3 (row g + 8, same cols).
+// One 32-bit word of shared memory; volatile for the reason LoadMatrices gives.
+__device__ __forceinline__ uint32_t LoadSharedWord(uint32_t address) {
+  uint32_t r;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(r) : "r"(address));
+  return r;
+}
+
+// c += a (16 x kStep, row-major) * b (kStep x 8, column-major), float
+// accumulators. With g = lane / 4, t = lane % 4: 16-bit registers hold two
+// consecutive k (or columns), a0 (row g, k 2t), a1 (row g + 8, k 2t),
+// a2 (row g, k 2t + 8), a3 (row g + 8, k 2t + 8); b0 (k 2t, col g),
+// b1 (k 2t + 8, col g). TF32 registers hold one float (rounded to TF32):
+// a0 (row g, k t), a1 (row g + 8, k t), a2 (row g, k t + 4), a3 (row g + 8,
+// k t + 4); b0 (k t, col g), b1 (k t + 4, col g). Both: a2, a3 and b1 are
+// kStep / 2 (16 bytes) further along K than a0, a1 and b0, and c0, c1 (row g,
+// cols 2t, 2t + 1), c2, c3 (row g + 8, same cols).
 template <class In>
-__device__ __forceinline__ void Mma16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                           uint32_t b1) {
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
   if constexpr (std::is_same_v<In, __half>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    static_assert(std::is_same_v<In, __nv_bfloat16>, "mma.sync takes float16 or bfloat16");
+  } else if constexpr (std::is_same_v<In, __nv_bfloat16>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<In, float>, "mma.sync takes float16, bfloat16 or TF32");
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
 
-// The first `elems` (0..8) of src, zero-padded to 8, as one 16-byte shared
-// store: the fallback for rows cp.async cannot copy (not 16-byte aligned).
+// The first `elems` (0..16 / sizeof(In)) of src, zero-padded to 16 bytes, as
+// one 16-byte shared store: the fallback for rows cp.async cannot copy (not
+// 16-byte aligned).
 template <class In>
 __device__ __forceinline__ void CopyChunkSync(unsigned char* dst, const In* src, int elems) {
-  static_assert(sizeof(In) == 2, "chunks are 8 two-byte elements");
-  const auto* bits = reinterpret_cast<const unsigned short*>(src);
+  static_assert(sizeof(In) == 2 || sizeof(In) == 4, "chunks are 16-bit or 32-bit elements");
+  using Bits = std::conditional_t<sizeof(In) == 2, unsigned short, uint32_t>;
+  constexpr int kPerWord = 4 / sizeof(In);
+  const auto* bits = reinterpret_cast<const Bits*>(src);
   uint32_t w[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const uint32_t lo = 2 * e < elems ? bits[2 * e] : 0u;
-    const uint32_t hi = 2 * e + 1 < elems ? bits[2 * e + 1] : 0u;
-    w[e] = lo | hi << 16;  // element 2e at the lower address
+    w[e] = 0;
+#pragma unroll
+    for (int p = 0; p < kPerWord; ++p) {  // element e * kPerWord at the lowest address
+      const int i = e * kPerWord + p;
+      w[e] |= (i < elems ? uint32_t{bits[i]} : 0u) << (p * 16);
+    }
   }
   *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Issues one operand's K slabs, in order, into MmaTile stages. The stored
 // matrix has element (x, k) at Tile::kKMajor ? base[x * ld + k] : base[k * ld + x].
-// A thread copies kCopies 16-byte chunks per slab, all in the same column of
-// the stored tile, kRowStep rows apart, so it keeps one running pointer and
-// the few facts about the matrix edge that do not change along K.
+// A thread copies kCopies 16-byte chunks (Tile::kChunk elements) per slab,
+// all in the same column of the stored tile, kRowStep rows apart, so it keeps
+// one running pointer and the few facts about the matrix edge that do not
+// change along K.
 template <class In, class Tile, int kThreads, bool kVector>
 class MmaSlabCopier {
-  static constexpr int kChunksPerRow = (Tile::kKMajor ? Tile::kSlab : Tile::kX) / 8;
+  static constexpr int kChunk = Tile::kChunk;
+  static constexpr int kChunksPerRow = (Tile::kKMajor ? Tile::kSlab : Tile::kX) / kChunk;
   static constexpr int kCopies = Tile::kRows * kChunksPerRow / kThreads;
   static constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(sizeof(In) == Tile::kElementBytes, "the tile holds In");
   static_assert(kThreads % kChunksPerRow == 0 && kCopies * kRowStep == Tile::kRows,
                 "slab must split evenly over the threads");
 
  public:
   __device__ __forceinline__ MmaSlabCopier(const In* base, int64_t ld, int64_t x_limit,
                                            int64_t x0) {
-    const int row = threadIdx.x / kChunksPerRow, col = threadIdx.x % kChunksPerRow * 8;
-    dst_ = (row * Tile::kPitch + col) * 2;
+    const int row = threadIdx.x / kChunksPerRow, col = threadIdx.x % kChunksPerRow * kChunk;
+    dst_ = (row * Tile::kPitch + col) * Tile::kElementBytes;
     if constexpr (Tile::kKMajor) {  // row = x, col = k
       const int64_t x_left = x_limit - x0 - row;
 #pragma unroll
@@ -167,7 +226,7 @@ class MmaSlabCopier {
       src_ = base + (x0 + row) * ld + col;
       first_k_ = col;
     } else {  // row = k, col = x; the elements of x inside do not change along K
-      x_elems_ = static_cast<int>(min(max(x_limit - x0 - col, int64_t{0}), int64_t{8}));
+      x_elems_ = static_cast<int>(min(max(x_limit - x0 - col, int64_t{0}), int64_t{kChunk}));
       src_ = base + row * ld + x0 + col;
       first_k_ = row;
     }
@@ -181,17 +240,20 @@ class MmaSlabCopier {
                                             const In* safe) {
     // K from this thread's first k to the edge, capped so it fits an int;
     // > -kSlab since k_left > 0.
-    constexpr int kCap = Tile::kKMajor ? 8 : Tile::kSlab;
+    constexpr int kCap = Tile::kKMajor ? kChunk : Tile::kSlab;
     const int room = static_cast<int>(min(k_left - first_k_, int64_t{kCap}));
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      int elems;  // of the chunk's 8, inside the matrix
+      int elems;  // of the chunk's kChunk, inside the matrix
       if constexpr (Tile::kKMajor) elems = (x_inside_ >> i & 1) ? max(room, 0) : 0;
       else elems = room > i * kRowStep ? x_elems_ : 0;
       const In* src = src_ + i * kRowStep * ld;
-      unsigned char* dst = tile + dst_ + i * kRowStep * Tile::kPitch * 2;
-      if constexpr (kVector) CopyAsync<16>(dst, elems > 0 ? src : safe, elems * 2);
-      else CopyChunkSync(dst, src, elems);
+      unsigned char* dst = tile + dst_ + i * kRowStep * Tile::kPitch * Tile::kElementBytes;
+      if constexpr (kVector) {
+        CopyAsync<16>(dst, elems > 0 ? src : safe, elems * Tile::kElementBytes);
+      } else {
+        CopyChunkSync(dst, src, elems);
+      }
     }
     if constexpr (Tile::kKMajor) src_ += Tile::kSlab;  // along the rows
     else src_ += Tile::kSlab * ld;                      // down the rows
@@ -205,27 +267,148 @@ class MmaSlabCopier {
   int x_elems_ = 0;        // MN-major: elements of its chunks inside the matrix
 };
 
-// acc += the warp's share of one slab. Per k16 step, one ldmatrix.x4 per m16
-// tile of A and per pair of n8 tiles of B, then kTilesM x kTilesN mma.
-// a_frag and b_frag: this lane's ldmatrix rows for the warp's first pieces.
-template <class Cfg, class TileA, class TileB, class In>
+// A's registers for the warp's m16 tile i at k step s (Mma's a0..a3): one
+// ldmatrix.x4, or four scalar loads. lane_address: Tile::FragmentOffset's, in
+// the stage being read.
+template <class Cfg, class Tile>
+__device__ __forceinline__ void LoadFragmentA(uint32_t (&a)[4], uint32_t lane_address, int i,
+                                              int s) {
+  const int k = s * Cfg::kStep;
+  if constexpr (Tile::kLdmatrix) {
+    LoadMatrices<!Tile::kKMajor>(a[0], a[1], a[2], a[3], lane_address + Tile::Offset(16 * i, k));
+  } else {
+#pragma unroll
+    for (int r = 0; r < 4; ++r)  // rows g, g + 8, g, g + 8; k t, t, t + h, t + h
+      a[r] = LoadSharedWord(lane_address +
+                            Tile::Offset(16 * i + r % 2 * 8, k + r / 2 * (Cfg::kStep / 2)));
+  }
+}
+
+// B's registers (Mma's b0, b1) for the warp's n8 tiles j and j + 1 at k
+// step s: one ldmatrix.x4, or four scalar loads.
+template <class Cfg, class Tile>
+__device__ __forceinline__ void LoadFragmentsB(uint32_t (&b)[2], uint32_t (&b_next)[2],
+                                               uint32_t lane_address, int j, int s) {
+  const int k = s * Cfg::kStep;
+  if constexpr (Tile::kLdmatrix) {
+    LoadMatrices<!Tile::kKMajor>(b[0], b[1], b_next[0], b_next[1],
+                                 lane_address + Tile::Offset(8 * j, k));
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // col g; k t, t + h
+      b[r] = LoadSharedWord(lane_address + Tile::Offset(8 * j, k + r * (Cfg::kStep / 2)));
+      b_next[r] =
+          LoadSharedWord(lane_address + Tile::Offset(8 * (j + 1), k + r * (Cfg::kStep / 2)));
+    }
+  }
+}
+
+// Float bits in place to TF32 ones (one pass), or to their TF32 high parts,
+// with the low parts in `lo` (three passes).
+template <int kTiles, int kRegs>
+__device__ __forceinline__ void RoundFragmentsToTf32(uint32_t (&f)[kTiles][kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) f[i][r] = RoundToTf32(__uint_as_float(f[i][r]));
+}
+
+template <int kTiles, int kRegs>
+__device__ __forceinline__ void SplitFragmentsTf32(uint32_t (&f)[kTiles][kRegs],
+                                                   uint32_t (&lo)[kTiles][kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) SplitTf32(__uint_as_float(f[i][r]), f[i][r], lo[i][r]);
+}
+
+// acc += a * b over the warp's kTilesM x kTilesN mma tiles, one k step.
+template <class In, int kTilesM, int kTilesN>
+__device__ __forceinline__ void MmaWarpTile(float (&acc)[kTilesM][kTilesN][4],
+                                            const uint32_t (&a)[kTilesM][4],
+                                            const uint32_t (&b)[kTilesN][2]) {
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i)
+#pragma unroll
+    for (int j = 0; j < kTilesN; ++j) Mma<In>(acc[i][j], a[i], b[j][0], b[j][1]);
+}
+
+// The warp's fragments for k step s: one ldmatrix.x4 (or four scalar loads)
+// per m16 tile of A and per pair of n8 tiles of B, as raw input bits.
+template <class Cfg, class TileA, class TileB>
+__device__ __forceinline__ void LoadWarpFragments(uint32_t (&a)[Cfg::kTilesM][4],
+                                                  uint32_t (&b)[Cfg::kTilesN][2],
+                                                  uint32_t a_lane, uint32_t b_lane, int s) {
+#pragma unroll
+  for (int i = 0; i < Cfg::kTilesM; ++i) LoadFragmentA<Cfg, TileA>(a[i], a_lane, i, s);
+#pragma unroll
+  for (int j = 0; j < Cfg::kTilesN; j += 2)
+    LoadFragmentsB<Cfg, TileB>(b[j], b[j + 1], b_lane, j, s);
+}
+
+// acc += the warp's share of one slab: per k step, the fragments, float bits
+// made TF32, then kTilesM x kTilesN mma, three times that when split.
+// a_lane and b_lane: FragmentOffset's addresses in the stage being read.
+//
+// The tensor cores truncate (round toward zero) when they add into the float
+// accumulator, so mma-ing three passes per k step straight into acc would
+// lose about an ulp of the running sum per mma: an error linear in K and
+// biased toward zero (relative 7e-6 at K = 1024, 1e-4 at K = 16384, where
+// float32 FFMA stays under 3e-6). So the split path sums each slab's products
+// into a chunk that starts at zero, truncating only relative to that slab's
+// partial sum, and adds the chunk into acc with ordinary round-to-nearest
+// float adds: a chunk's error is a few ulp of its own slab's sum, with that
+// sum's sign, which varies from slab to slab. Within the slab the small terms (a_lo b_hi, a_hi b_lo, every k step)
+// go in first, while the chunk is still small, and the a_hi b_hi ones last.
+// That keeps every k step's hi parts live across the slab, and the chunk
+// doubles the accumulators, hence the split configs' smaller warp tiles
+// (MmaLarge, MmaSmall).
+template <class Cfg, class TileA, class TileB, bool kSplit>
 __device__ __forceinline__ void MmaSlab(float (&acc)[Cfg::kTilesM][Cfg::kTilesN][4],
-                                        uint32_t a_frag, uint32_t b_frag) {
+                                        uint32_t a_lane, uint32_t b_lane) {
+  using In = typename Cfg::Input;
+  constexpr int kSteps = Cfg::kSlab / Cfg::kStep;
+  if constexpr (!kSplit) {
+    // Only one k step's fragments are live at a time.
 #pragma unroll
-  for (int s = 0; s < Cfg::kSlab / 16; ++s) {
-    uint32_t af[Cfg::kTilesM][4], bf[Cfg::kTilesN][2];
+    for (int s = 0; s < kSteps; ++s) {
+      uint32_t af[Cfg::kTilesM][4], bf[Cfg::kTilesN][2];
+      LoadWarpFragments<Cfg, TileA, TileB>(af, bf, a_lane, b_lane, s);
+      if constexpr (std::is_same_v<In, float>) {
+        RoundFragmentsToTf32(af);
+        RoundFragmentsToTf32(bf);
+      }
+      MmaWarpTile<In>(acc, af, bf);
+    }
+  } else {
+    static_assert(std::is_same_v<In, float>, "only float32 inputs are split");
+    float chunk[Cfg::kTilesM][Cfg::kTilesN][4];
 #pragma unroll
     for (int i = 0; i < Cfg::kTilesM; ++i)
-      LoadMatrices<!TileA::kKMajor>(af[i][0], af[i][1], af[i][2], af[i][3],
-                                    a_frag + TileA::PieceStep(i, s));
 #pragma unroll
-    for (int j = 0; j < Cfg::kTilesN; j += 2)
-      LoadMatrices<!TileB::kKMajor>(bf[j][0], bf[j][1], bf[j + 1][0], bf[j + 1][1],
-                                    b_frag + TileB::PieceStep(j / 2, s));
+      for (int j = 0; j < Cfg::kTilesN; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) chunk[i][j][r] = 0.0f;
+    uint32_t a_hi[kSteps][Cfg::kTilesM][4], b_hi[kSteps][Cfg::kTilesN][2];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      LoadWarpFragments<Cfg, TileA, TileB>(a_hi[s], b_hi[s], a_lane, b_lane, s);
+      uint32_t a_lo[Cfg::kTilesM][4], b_lo[Cfg::kTilesN][2];
+      SplitFragmentsTf32(a_hi[s], a_lo);
+      SplitFragmentsTf32(b_hi[s], b_lo);
+      // Each pass is kTilesM x kTilesN independent mma, so no pass waits on
+      // the previous one's result for long.
+      MmaWarpTile<In>(chunk, a_lo, b_hi[s]);
+      MmaWarpTile<In>(chunk, a_hi[s], b_lo);
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) MmaWarpTile<In>(chunk, a_hi[s], b_hi[s]);
 #pragma unroll
     for (int i = 0; i < Cfg::kTilesM; ++i)
 #pragma unroll
-      for (int j = 0; j < Cfg::kTilesN; ++j) Mma16x8x16<In>(acc[i][j], af[i], bf[j][0], bf[j][1]);
+      for (int j = 0; j < Cfg::kTilesN; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] += chunk[i][j][r];
   }
 }
 
@@ -244,8 +427,8 @@ __device__ __forceinline__ void StorePair(Out* p, float v0, float v1) {
   }
 }
 
-// Writes the warp's accumulators (the c layout of Mma16x8x16) to `out`, the
-// output matrix of this batch, clipped to it. pairs: every row of out starts
+// Writes the warp's accumulators (the c layout of Mma) to `out`, the output
+// matrix of this batch, clipped to it. pairs: every row of out starts
 // 2-element aligned, so the two columns a lane holds (2t, 2t + 1: even) can
 // be stored at once when both are inside.
 template <class Cfg, class Out>
@@ -275,38 +458,48 @@ __device__ __forceinline__ void StoreWarpTile(const float (&acc)[Cfg::kTilesM][C
   }
 }
 
+template <class Cfg, bool kAKMajor>
+using MmaTileA = MmaTile<typename Cfg::Input, Cfg::kBlockM, Cfg::kSlab, kAKMajor>;
+template <class Cfg, bool kBKMajor>
+using MmaTileB = MmaTile<typename Cfg::Input, Cfg::kBlockN, Cfg::kSlab, kBKMajor>;
+
 template <class Cfg, bool kAKMajor, bool kBKMajor>
 __host__ __device__ constexpr int MmaStageBytes() {
-  return MmaTile<Cfg::kBlockM, Cfg::kSlab, kAKMajor>::kBytes +
-         MmaTile<Cfg::kBlockN, Cfg::kSlab, kBKMajor>::kBytes;
+  return MmaTileA<Cfg, kAKMajor>::kBytes + MmaTileB<Cfg, kBKMajor>::kBytes;
 }
 
 // kAKMajor: A stored (m, k), i.e. not transposed; kBKMajor: B stored (n, k),
-// i.e. transposed. kVector: both operands' rows are 16-byte aligned.
+// i.e. transposed. kVector: both operands' rows are 16-byte aligned. kSplit:
+// float32 inputs in three TF32 passes rather than one.
 // Dynamic shared memory: kStages x (A tile, B tile).
-template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, class In, class Out>
+template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, bool kSplit, class Out>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    MmaSyncMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
-                  Out* __restrict__ out, bool pair_stores) {
-  using TileA = MmaTile<Cfg::kBlockM, Cfg::kSlab, kAKMajor>;
-  using TileB = MmaTile<Cfg::kBlockN, Cfg::kSlab, kBKMajor>;
+    MmaSyncMatmul(MatmulDims dims, const typename Cfg::Input* __restrict__ a,
+                  const typename Cfg::Input* __restrict__ b, Out* __restrict__ out,
+                  bool pair_stores) {
+  using In = typename Cfg::Input;
+  using TileA = MmaTileA<Cfg, kAKMajor>;
+  using TileB = MmaTileB<Cfg, kBKMajor>;
   constexpr int kStageBytes = MmaStageBytes<Cfg, kAKMajor, kBKMajor>();
   extern __shared__ __align__(16) unsigned char stages[];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / Cfg::kWarpsN * Cfg::kWarpM, warp_n = warp % Cfg::kWarpsN * Cfg::kWarpN;
   const int q = lane / 8;  // the ldmatrix.x4 matrix this lane addresses a row of
-  // A: matrices q = 0..3 are a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7),
-  // (m 0-7, k 8-15), (m 8-15, k 8-15): m half q % 2, k half q / 2. K-major,
-  // plain ldmatrix gives lane l (m g, k 2t..2t+1) of each; MN-major ([k][m]),
-  // .trans gives (k 2t..2t+1, m g) as stored, the same elements.
-  const uint32_t a_frag =
+  // A: matrices q = 0..3 are a0..a3 = (m 0-7, k part 0), (m 8-15, k part 0),
+  // (m 0-7, k part 1), (m 8-15, k part 1), a k part being 16 bytes (8 k of
+  // 16-bit, 4 of float): m half q % 2, k part q / 2. K-major, plain ldmatrix
+  // gives lane l (m g, 4 bytes t of the part): k 2t..2t+1 of 16-bit, k t of
+  // float; MN-major 16-bit ([k][m]), .trans gives (k 2t..2t+1, m g) as
+  // stored, the same elements. MN-major float: scalar loads.
+  const uint32_t a_lane =
       SharedAddress(stages) + TileA::FragmentOffset(lane, warp_m, q % 2, q / 2);
   // B: matrices q = 0..3 are b0, b1 of n tile j, b0, b1 of n tile j + 1 =
-  // (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15): n half
-  // q / 2, k half q % 2. K-major ([n][k]), plain gives lane l (n g, k 2t..2t+1)
-  // = b's (k 2t..2t+1, col g); MN-major ([k][n]), .trans gives the same.
-  const uint32_t b_frag = SharedAddress(stages) + TileA::kBytes +
+  // (n 0-7, k part 0), (n 0-7, k part 1), (n 8-15, k part 0), (n 8-15, k
+  // part 1): n half q / 2, k part q % 2. K-major ([n][k]), plain gives lane l
+  // (n g, 4 bytes t of the part) = b's (k 2t..2t+1 or t, col g); MN-major
+  // 16-bit ([k][n]), .trans gives the same. MN-major float: scalar loads.
+  const uint32_t b_lane = SharedAddress(stages) + TileA::kBytes +
                           TileB::FragmentOffset(lane, warp_n, q / 2, q % 2);
 
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
@@ -341,8 +534,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // reading slab - 1, whose stage the next issue overwrites.
       __syncthreads();
       issue(slab + Cfg::kStages - 1, read == 0 ? Cfg::kStages - 1 : read - 1);
-      MmaSlab<Cfg, TileA, TileB, In>(acc, a_frag + read * kStageBytes,
-                                     b_frag + read * kStageBytes);
+      MmaSlab<Cfg, TileA, TileB, kSplit>(acc, a_lane + read * kStageBytes,
+                                         b_lane + read * kStageBytes);
       read = read == Cfg::kStages - 1 ? 0 : read + 1;
     }
     StoreWarpTile<Cfg>(acc, out + batch * dims.out_batch_stride, dims, row0 + warp_m,
@@ -351,23 +544,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// 128 x 128 blocks of 2 x 2 warps of 64 x 64, four 32-deep slabs resident
-// (80 KB at most, two blocks per SM on A100 and H100); 64 x 64 blocks of 2 x 2
-// warps of 32 x 32 (40 KB) when the large ones would not fill the GPU twice.
-using MmaLarge = MmaConfig<2, 2, 64, 64, 32, 4, 2>;
-using MmaSmall = MmaConfig<2, 2, 32, 32, 32, 4, 4>;
+// 128 x 128 blocks of 2 x 2 warps of 64 x 64, four slabs resident (80 KB at
+// most, two blocks per SM on A100 and H100); 64 x 64 blocks of 2 x 2 warps of
+// 32 x 32 (40 KB) when the large ones would not fill the GPU twice. A slab is
+// 64 bytes of K: 32 k of 16-bit inputs, 16 of float32. kSplit (3xTF32) keeps
+// a chunk accumulator beside acc (MmaSlab), which 64 x 64 warp tiles have no
+// registers for (128 + 128 of 255), so its large blocks are the same 128 x 128
+// as 2 x 4 warps of 64 x 32, one 256-thread block per SM (the same 8 warps
+// per SM, and up to 255 registers each); its small ones keep their shape,
+// three to an SM rather than four (up to 168 registers rather than 128).
+template <class In, bool kSplit = false>
+using MmaLarge = MmaConfig<In, 2, kSplit ? 4 : 2, 64, kSplit ? 32 : 64, 64 / sizeof(In), 4,
+                           kSplit ? 1 : 2>;
+template <class In, bool kSplit = false>
+using MmaSmall = MmaConfig<In, 2, 2, 32, 32, 64 / sizeof(In), 4, kSplit ? 3 : 4>;
 
+// The block shapes do not depend on the input type, nor on kSplit.
 inline bool MmaUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
-  return TileOrder<MmaLarge::kBlockM, MmaLarge::kBlockN>(dims).count >= 2 * multiprocessors;
+  using Large = MmaLarge<float>;
+  static_assert(MmaLarge<float, true>::kBlockM == Large::kBlockM &&
+                    MmaLarge<float, true>::kBlockN == Large::kBlockN,
+                "split blocks are the same shape");
+  return TileOrder<Large::kBlockM, Large::kBlockN>(dims).count >= 2 * multiprocessors;
 }
 
 // Whether every stored row of an operand that the kernel reads starts 16-byte
-// aligned, so its slabs can move as 8-element cp.async copies. The stride
+// aligned, so its slabs can move as 16-byte cp.async copies. The stride
 // between rows (or batches) is never applied when there is only one.
 template <class In>
 bool ChunkAligned(const In* p, int64_t ld, int64_t rows, int64_t batch_stride, int64_t batch) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (rows == 1 || ld % 8 == 0) &&
-         (batch == 1 || batch_stride % 8 == 0);
+  constexpr int64_t kChunk = 16 / sizeof(In);  // elements per 16 bytes
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (rows == 1 || ld % kChunk == 0) &&
+         (batch == 1 || batch_stride % kChunk == 0);
 }
 
 // Calls f(std::true_type{}) or f(std::false_type{}): a run-time flag picks a
@@ -377,10 +585,11 @@ cudaError_t WithMmaFlag(bool flag, F&& f) {
   return flag ? f(std::true_type{}) : f(std::false_type{});
 }
 
-template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, class In, class Out>
-cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const In* a, const In* b, Out* out,
-                              cudaStream_t stream, bool pair_stores) {
-  constexpr auto kKernel = &MmaSyncMatmul<Cfg, kAKMajor, kBKMajor, kVector, In, Out>;
+template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, bool kSplit, class Out>
+cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const typename Cfg::Input* a,
+                              const typename Cfg::Input* b, Out* out, cudaStream_t stream,
+                              bool pair_stores) {
+  constexpr auto kKernel = &MmaSyncMatmul<Cfg, kAKMajor, kBKMajor, kVector, kSplit, Out>;
   constexpr int kBytes = Cfg::kStages * MmaStageBytes<Cfg, kAKMajor, kBKMajor>();
   if (const cudaError_t err = AllowSharedMemory<kKernel>(kBytes); err != cudaSuccess) return err;
   const dim3 grid = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).Grid();
@@ -388,11 +597,14 @@ cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const In* a, const In* b, 
   return cudaGetLastError();
 }
 
-// In: __half or __nv_bfloat16. Out: __half, __nv_bfloat16 or float.
-// Accumulates in float. Needs sm_80+; k > 0 and a non-empty output.
-template <class In, class Out>
+// In: __half, __nv_bfloat16, or float (TF32 tensor cores: one pass, or three
+// with kSplit = true, see tf32.cuh); kSplit is for float only. Out: __half,
+// __nv_bfloat16 or float. Accumulates in float. Needs sm_80+; k > 0 and a
+// non-empty output.
+template <class In, class Out, bool kSplit = false>
 cudaError_t LaunchMmaSync(const MatmulDims& dims, const In* a, const In* b, Out* out,
                           cudaStream_t stream, int multiprocessors) {
+  static_assert(!kSplit || std::is_same_v<In, float>, "only float32 inputs are split");
   const bool vector =
       ChunkAligned(a, dims.lda, dims.transpose_a ? dims.k : dims.m, dims.a_batch_stride,
                    dims.batch) &&
@@ -402,13 +614,14 @@ cudaError_t LaunchMmaSync(const MatmulDims& dims, const In* a, const In* b, Out*
                      (dims.m == 1 || dims.ldc % 2 == 0) &&
                      (dims.batch == 1 || dims.out_batch_stride % 2 == 0);
   return WithMmaFlag(MmaUsesLargeBlocks(dims, multiprocessors), [&](auto large) {
-    using Cfg = std::conditional_t<decltype(large)::value, MmaLarge, MmaSmall>;
+    using Cfg = std::conditional_t<decltype(large)::value, MmaLarge<In, kSplit>,
+                                   MmaSmall<In, kSplit>>;
     return WithMmaFlag(!dims.transpose_a, [&](auto a_k_major) {
       return WithMmaFlag(dims.transpose_b, [&](auto b_k_major) {
         return WithMmaFlag(vector, [&](auto vector_copies) {
           return LaunchMmaSyncWith<Cfg, decltype(a_k_major)::value, decltype(b_k_major)::value,
-                                   decltype(vector_copies)::value>(dims, a, b, out, stream,
-                                                                   pairs);
+                                   decltype(vector_copies)::value, kSplit>(dims, a, b, out,
+                                                                           stream, pairs);
         });
       });
     });

@@ -1,5 +1,6 @@
-// Rung 5, "wgmma": Hopper tensor cores fed by the copy engine, bfloat16 and
-// float16 inputs, float32 accumulation.
+// Rung 5, "wgmma": Hopper tensor cores fed by the copy engine, bfloat16,
+// float16 or float32 (TF32, one pass or three: tf32.cuh) inputs, float32
+// accumulation.
 //
 // What it fixes in rung 4 ("mma", see NOTES.md): there, every warp staged
 // its fragments from shared memory into registers with ldmatrix before each
@@ -17,15 +18,31 @@
 // - a persistent grid, one block per SM, walks the output tiles in
 //   TileOrder, so the producer fetches the next tile while the consumers
 //   store the last one.
+//
+// float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
+// Its A operand may come from registers instead, loaded by the consumers from
+// the swizzled tile in whatever layout it arrived (ElementOffset), so:
+// - B stored K-major (transpose_b): A from registers, either layout;
+// - B stored MN-major (the plain a @ b): the kernel computes C^T = B^T A^T,
+//   where B^T is the register operand and A^T is K-major when a is stored
+//   (m, k), and the epilogue writes C transposed back (each 8-lane group
+//   still writes 32 contiguous bytes);
+// - both MN-major (a stored (k, m), b (k, n)) has no arrangement without a
+//   transposing copy; WgmmaCanTake refuses it and "auto" runs it on "mma".
+// 3xTF32 needs B split into hi and lo as well: the producer warpgroup's idle
+// warps split each landed B slab in place (hi) and into a second buffer (lo)
+// before releasing the stage to the consumers, which split A in registers.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/hopper.cuh"
+#include "cuda/kernels/tf32.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -34,7 +51,6 @@ struct WgmmaConfig {
   static constexpr int kConsumers = 2;            // warpgroups, 64 output rows each
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kSlab = hopper::kSwizzleElements;  // K per stage: one swizzle row
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
@@ -42,64 +58,154 @@ struct WgmmaConfig {
 };
 
 // 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
+// 3xTF32 stages carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
 using WgmmaWide = WgmmaConfig<256, 4>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
+using WgmmaSplit = WgmmaConfig<128, 4>;
 
-template <class Cfg, bool kAMnMajor, bool kBMnMajor>
-struct WgmmaTiles {
-  using A = hopper::SwizzledTile<kAMnMajor, Cfg::kBlockM>;
-  using B = hopper::SwizzledTile<kBMnMajor, Cfg::kBlockN>;
-  static constexpr int kStageBytes = A::kBytes + B::kBytes;
-  // Stages, then full and empty barriers; 1 KB of slack to align the start.
-  static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 2 * Cfg::kStages * 8;
+// What one kernel instance reads and writes:
+//   In: the operands' type; float means TF32, with A from registers.
+//   kAMnMajor, kBMnMajor: the operands' layouts as the copy engine lands them.
+//   kSplit: 3xTF32 rather than one TF32 pass.
+//   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
+//     it writes element (i, j) of its result to C[j][i].
+template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
+          bool kTransposedOut_ = false>
+struct WgmmaOperands {
+  using In = In_;
+  static constexpr bool kAMnMajor = kAMnMajor_, kBMnMajor = kBMnMajor_;
+  static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
+  static constexpr bool kTf32 = std::is_same_v<In, float>;
+  static_assert(!kTf32 || !kBMnMajor, "TF32 wgmma reads B K-major only");
+  static_assert(kTf32 || (!kSplit && !kTransposedOut), "16-bit products need neither");
 };
 
-template <class Cfg, class In, class Out, bool kAMnMajor, bool kBMnMajor>
+template <class Cfg, class Ops>
+struct WgmmaTiles {
+  using A = hopper::SwizzledTile<typename Ops::In, Ops::kAMnMajor, Cfg::kBlockM>;
+  using B = hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor, Cfg::kBlockN>;
+  static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
+  static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
+  static constexpr int kBLoBytes = Ops::kSplit ? B::kBytes : 0;
+  static constexpr int kStageBytes = A::kBytes + B::kBytes + kBLoBytes;
+  // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
+  // align the start.
+  static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
+};
+
+// This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
+// for 3xTF32 lo. 16-bit A is read from shared memory and needs none.
+template <class Ops, int kSteps, bool = Ops::kTf32>
+struct AFragments {
+  __device__ __forceinline__ void Fence() {}
+};
+template <class Ops, int kSteps>
+struct AFragments<Ops, kSteps, true> {
+  uint32_t hi[kSteps][4];
+  uint32_t lo[Ops::kSplit ? kSteps : 1][4];
+
+  // Element (r, k) of A, r = row0 + g (+ 8), k = 8 step + t (+ 4) with
+  // g = lane / 4, t = lane % 4: wgmma's TF32 A layout for warp rows row0.
+  template <class Tile>
+  __device__ __forceinline__ void Load(const uint8_t* tile, int row0, int lane) {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
+        const float x = *reinterpret_cast<const float*>(tile + Tile::ElementOffset(row, k));
+        if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);
+        else hi[step][i] = RoundToTf32(x);
+      }
+  }
+
+  __device__ __forceinline__ void Fence() {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      hopper::FenceRegisters(hi[step]);
+      if constexpr (Ops::kSplit) hopper::FenceRegisters(lo[step]);
+    }
+  }
+};
+
+template <class Cfg, class Ops, class Out>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap b_map, MatmulDims dims, Out* __restrict__ out,
                 bool paired_stores) {
 #if JAX_TILED_SM90A
-  using Tiles = WgmmaTiles<Cfg, kAMnMajor, kBMnMajor>;
+  using Tiles = WgmmaTiles<Cfg, Ops>;
   extern __shared__ uint8_t shared_raw[];
   uint8_t* const stages = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 * 1024);  // the swizzle's period
   uint64_t* const full = reinterpret_cast<uint64_t*>(stages + Cfg::kStages * Tiles::kStageBytes);
   uint64_t* const empty = full + Cfg::kStages;
+  uint64_t* const landed = empty + Cfg::kStages;  // 3xTF32: copied, B not yet split
   auto a_tile = [&](int stage) { return stages + stage * Tiles::kStageBytes; };
   auto b_tile = [&](int stage) { return a_tile(stage) + Tiles::A::kBytes; };
+  auto b_lo_tile = [&](int stage) { return b_tile(stage) + Tiles::B::kBytes; };
+  constexpr int kSplitters = 96;  // the producer warpgroup's threads past its first warp
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     hopper::PrefetchTensorMap(&a_map);
     hopper::PrefetchTensorMap(&b_map);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      hopper::InitBarrier(&full[s], 1);  // the producer's arrival; TMA adds the bytes
+      // The producer's arrival (the copy engine adds the bytes), or every splitter's.
+      hopper::InitBarrier(&full[s], Ops::kSplit ? kSplitters : 1);
       hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers);  // every consumer warp
+      if constexpr (Ops::kSplit) hopper::InitBarrier(&landed[s], 1);
     }
     hopper::FenceBarrierInit();
   }
   __syncthreads();
 
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
-  const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
+  const int64_t slabs = (dims.k + Tiles::kSlab - 1) / Tiles::kSlab;
 
   if (warpgroup == 0) {
     hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
-    if (threadIdx.x != 0) return;
     int stage = 0;
     uint32_t parity = 0;
-    for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
-      int64_t batch, row0, col0;
-      order.Locate(tile, batch, row0, col0);
-      const int64_t a_batch = dims.a_batch_stride ? batch : 0;
-      const int64_t b_batch = dims.b_batch_stride ? batch : 0;
-      for (int64_t slab = 0; slab < slabs; ++slab) {
-        hopper::WaitBarrier(&empty[stage], parity ^ 1);  // the consumers released it
-        hopper::ArriveExpectingBytes(&full[stage], Tiles::kStageBytes);
-        Tiles::A::Load(a_tile(stage), &a_map, &full[stage], row0, slab * Cfg::kSlab, a_batch);
-        Tiles::B::Load(b_tile(stage), &b_map, &full[stage], col0, slab * Cfg::kSlab, b_batch);
-        if (++stage == Cfg::kStages) stage = 0, parity ^= 1;
+    if (threadIdx.x == 0) {
+      uint64_t* const copied = Ops::kSplit ? landed : full;
+      for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+        int64_t batch, row0, col0;
+        order.Locate(tile, batch, row0, col0);
+        const int64_t a_batch = dims.a_batch_stride ? batch : 0;
+        const int64_t b_batch = dims.b_batch_stride ? batch : 0;
+        for (int64_t slab = 0; slab < slabs; ++slab) {
+          hopper::WaitBarrier(&empty[stage], parity ^ 1);  // the consumers released it
+          hopper::ArriveExpectingBytes(&copied[stage], Tiles::A::kBytes + Tiles::B::kBytes);
+          Tiles::A::Load(a_tile(stage), &a_map, &copied[stage], row0, slab * Tiles::kSlab,
+                         a_batch);
+          Tiles::B::Load(b_tile(stage), &b_map, &copied[stage], col0, slab * Tiles::kSlab,
+                         b_batch);
+          if (++stage == Cfg::kStages) stage = 0, parity ^= 1;
+        }
+      }
+    } else if constexpr (Ops::kSplit) {
+      if (threadIdx.x < 32) return;
+      // B = hi + lo: hi in place, lo beside it, then the stage goes to the consumers.
+      const int splitter = threadIdx.x - 32;
+      for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+        for (int64_t slab = 0; slab < slabs; ++slab) {
+          hopper::WaitBarrier(&landed[stage], parity);
+          uint4* const hi = reinterpret_cast<uint4*>(b_tile(stage));
+          uint4* const lo = reinterpret_cast<uint4*>(b_lo_tile(stage));
+          for (int i = splitter; i < Tiles::B::kBytes / 16; i += kSplitters) {
+            uint4 h = hi[i], l;
+            SplitTf32(__uint_as_float(h.x), h.x, l.x);
+            SplitTf32(__uint_as_float(h.y), h.y, l.y);
+            SplitTf32(__uint_as_float(h.z), h.z, l.z);
+            SplitTf32(__uint_as_float(h.w), h.w, l.w);
+            hi[i] = h;
+            lo[i] = l;
+          }
+          hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
+          hopper::Arrive(&full[stage]);
+          if (++stage == Cfg::kStages) stage = 0, parity ^= 1;
+        }
       }
     }
     return;
@@ -111,43 +217,91 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int stage = 0;
   uint32_t parity = 0;
   float acc[Cfg::kBlockN / 2];
+  // 3xTF32: each slab's sum, added into acc with rounded float adds (tf32.cuh).
+  float slab_sum[Ops::kSplit ? Cfg::kBlockN / 2 : 1];
+  // TF32 A operands of two slabs: one being read by wgmmas in flight, one loading.
+  AFragments<Ops, Tiles::kSteps> even, odd;
   for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
     int64_t batch, row0, col0;
     order.Locate(tile, batch, row0, col0);
     int previous = -1;  // the stage whose wgmmas may still be reading
-    for (int64_t slab = 0; slab < slabs; ++slab) {
-      hopper::WaitBarrier(&full[stage], parity);
-      hopper::WgmmaFence();
+    if constexpr (Ops::kSplit)
 #pragma unroll
-      for (int step = 0; step < Cfg::kSlab / 16; ++step)
-        hopper::Wgmma<Cfg::kBlockN, In, kAMnMajor, kBMnMajor>(
-            acc, Tiles::A::Descriptor(a_tile(stage), a_rows, step),
-            Tiles::B::Descriptor(b_tile(stage), 0, step), slab > 0 || step > 0);
-      hopper::WgmmaCommit();
-      // Keep this slab's wgmmas in flight; the previous slab's are done, so
-      // its stage can go back to the producer.
-      hopper::WgmmaWait<1>();
-      if (previous >= 0 && lane == 0) hopper::Arrive(&empty[previous]);
-      previous = stage;
+      for (float& x : acc) x = 0.0f;
+    auto consume = [&](int64_t slab, AFragments<Ops, Tiles::kSteps>& a) {
+      hopper::WaitBarrier(&full[stage], parity);
+      const uint8_t* const a_stage = a_tile(stage);
+      if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
+      a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
+      hopper::WgmmaFence();
+      auto b = [&](int step) { return Tiles::B::Descriptor(b_tile(stage), 0, step); };
+      if constexpr (Ops::kSplit) {
+        // Into a fresh slab sum: the small terms of every step first, so only
+        // the four big ones are added (truncated) into a large partial sum.
+#pragma unroll
+        for (int step = 0; step < Tiles::kSteps; ++step) {
+          hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.lo[step], b(step), step > 0);
+          hopper::WgmmaTf32<Cfg::kBlockN>(
+              slab_sum, a.hi[step], Tiles::B::Descriptor(b_lo_tile(stage), 0, step), 1);
+        }
+#pragma unroll
+        for (int step = 0; step < Tiles::kSteps; ++step)
+          hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.hi[step], b(step), 1);
+        hopper::WgmmaCommit();
+        // The other consumer warpgroup keeps the tensor cores busy meanwhile.
+        hopper::WgmmaWait<0>();
+        hopper::FenceAccumulators(slab_sum);
+#pragma unroll
+        for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += slab_sum[i];
+        if (lane == 0) hopper::Arrive(&empty[stage]);
+      } else {
+#pragma unroll
+        for (int step = 0; step < Tiles::kSteps; ++step) {
+          const int first = slab > 0 || step > 0;  // 0: the tile's first product overwrites
+          if constexpr (Ops::kTf32)
+            hopper::WgmmaTf32<Cfg::kBlockN>(acc, a.hi[step], b(step), first);
+          else
+            hopper::Wgmma<Cfg::kBlockN, typename Ops::In, Ops::kAMnMajor, Ops::kBMnMajor>(
+                acc, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), first);
+        }
+        hopper::WgmmaCommit();
+        // Keep this slab's wgmmas in flight; the previous slab's are done, so
+        // its stage can go back to the producer and its A registers be reloaded.
+        hopper::WgmmaWait<1>();
+        if (previous >= 0 && lane == 0) hopper::Arrive(&empty[previous]);
+        previous = stage;
+      }
       if (++stage == Cfg::kStages) stage = 0, parity ^= 1;
+    };
+    // Unconditional pairs, so ptxas can see that a buffer is reloaded only
+    // after the wait that retired its last readers (else it serialises wgmma).
+    for (int64_t slab = 0; slab + 1 < slabs; slab += 2) {
+      consume(slab, even);
+      consume(slab + 1, odd);
     }
+    if (slabs % 2) consume(slabs - 1, even);
     hopper::WgmmaWait<0>();
     hopper::FenceAccumulators(acc);
-    if (lane == 0) hopper::Arrive(&empty[previous]);
+    if (!Ops::kSplit && lane == 0) hopper::Arrive(&empty[previous]);
 
-    // The accumulator layout of m64nNk16: per 8 columns, a thread holds
-    // rows r and r + 8 (r = 16 * warp + lane / 4), columns 2 * (lane % 4) + {0, 1}.
+    // The accumulator layout of m64nN: per 8 columns, a thread holds rows r
+    // and r + 8 (r = 16 * warp + lane / 4), columns 2 * (lane % 4) + {0, 1}.
     Out* const c = out + batch * dims.out_batch_stride;
     const int64_t row = row0 + a_rows + 16 * warp + lane / 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t r = row + 8 * half;
       if (r >= dims.m) continue;
-      Out* const c_row = c + r * dims.ldc;
 #pragma unroll
       for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
         const int64_t col = col0 + 8 * j + 2 * (lane % 4);
         const float x = acc[4 * j + 2 * half], y = acc[4 * j + 2 * half + 1];
+        if constexpr (Ops::kTransposedOut) {
+          if (col < dims.n) c[col * dims.ldc + r] = FromAccumulator<Out>(x);
+          if (col + 1 < dims.n) c[(col + 1) * dims.ldc + r] = FromAccumulator<Out>(y);
+          continue;
+        }
+        Out* const c_row = c + r * dims.ldc;
         if (paired_stores && col + 1 < dims.n) {
           if constexpr (std::is_same_v<Out, float>) {
             *reinterpret_cast<float2*>(c_row + col) = make_float2(x, y);
@@ -167,30 +321,62 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 
 // The copy engine's view of op(A) (free axis M) or op(B) (free axis N).
-inline hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent,
-                                       int64_t k, int64_t ld, int64_t batch_stride,
-                                       int64_t batch, int free_box) {
+template <class In>
+hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent,
+                                int64_t k, int64_t ld, int64_t batch_stride, int64_t batch,
+                                int free_box) {
   return {base,
           k_contiguous ? k : free_extent,
           k_contiguous ? free_extent : k,
           batch_stride ? batch : 1,
           ld,
           batch_stride,
-          k_contiguous ? free_box : hopper::kSwizzleElements};
+          k_contiguous ? free_box : hopper::kSwizzleElements<In>,
+          static_cast<int>(sizeof(In))};
 }
 
-inline hopper::OperandLayout OperandA(const MatmulDims& d, const void* a, int box_m) {
-  return OperandOf(a, !d.transpose_a, d.m, d.k, d.lda, d.a_batch_stride, d.batch, box_m);
+template <class In>
+hopper::OperandLayout OperandA(const MatmulDims& d, const void* a, int box_m) {
+  return OperandOf<In>(a, !d.transpose_a, d.m, d.k, d.lda, d.a_batch_stride, d.batch, box_m);
 }
-inline hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
-  return OperandOf(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
+template <class In>
+hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
+  return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
+}
+
+// The problem a wgmma kernel runs for the caller's: the caller's own, or for
+// TF32 with B stored MN-major, C^T = B^T A^T (see the top of this file).
+struct WgmmaArrangement {
+  MatmulDims dims;
+  const void* a;
+  const void* b;
+  bool transposed_out;
+};
+
+template <class In>
+WgmmaArrangement ArrangeWgmma(const MatmulDims& d, const void* a, const void* b) {
+  if (!std::is_same_v<In, float> || d.transpose_b) return {d, a, b, false};
+  MatmulDims t = d;
+  t.m = d.n, t.n = d.m;
+  t.a_batch_stride = d.b_batch_stride, t.b_batch_stride = d.a_batch_stride;
+  t.lda = d.ldb, t.ldb = d.lda;
+  t.transpose_a = !d.transpose_b, t.transpose_b = !d.transpose_a;
+  return {t, b, a, true};  // ldc and the output's batch stride stay the caller's
+}
+
+// TF32 cannot run a stored (k, m) with b stored (k, n): no arrangement puts
+// a K-major operand in shared memory.
+inline bool WgmmaLayoutFits(bool tf32, const MatmulDims& d) {
+  return !tf32 || !d.transpose_a || d.transpose_b;
 }
 
 // Whether the copy engine can read both operands (16-byte-aligned rows and
-// batches, coordinates within 32 bits). The others go to "mma".
-inline bool WgmmaCanTake(const MatmulDims& d, const void* a, const void* b) {
-  return hopper::TmaCanTake(OperandA(d, a, WgmmaWide::kBlockM)) &&
-         hopper::TmaCanTake(OperandB(d, b, WgmmaWide::kBlockN));
+// batches, coordinates within 32 bits) as the kernel would arrange them.
+template <class In>
+bool WgmmaCanTake(const MatmulDims& d, const void* a, const void* b) {
+  const WgmmaArrangement w = ArrangeWgmma<In>(d, a, b);
+  return hopper::TmaCanTake(OperandA<In>(w.dims, w.a, WgmmaWide::kBlockM)) &&
+         hopper::TmaCanTake(OperandB<In>(w.dims, w.b, WgmmaWide::kBlockN));
 }
 
 // 128 x 256 tiles unless they would leave a third of the SMs idle.
@@ -199,16 +385,18 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return 3 * wide_tiles >= 2 * static_cast<int64_t>(multiprocessors);
 }
 
-template <class Cfg, class In, class Out, bool kAMnMajor, bool kBMnMajor>
-cudaError_t LaunchWgmmaWith(const MatmulDims& dims, const In* a, const In* b, Out* out,
-                            cudaStream_t stream, int multiprocessors) {
+template <class Cfg, class Ops, class Out>
+cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+                            int multiprocessors) {
+  using In = typename Ops::In;
+  const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandA(dims, a, Cfg::kBlockM), &a_map))
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Cfg::kBlockM), &a_map))
     return err;
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB(dims, b, Cfg::kBlockN), &b_map))
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map))
     return err;
-  constexpr auto kernel = WgmmaMatmul<Cfg, In, Out, kAMnMajor, kBMnMajor>;
-  constexpr int kShared = WgmmaTiles<Cfg, kAMnMajor, kBMnMajor>::kSharedBytes;
+  constexpr auto kernel = WgmmaMatmul<Cfg, Ops, Out>;
+  constexpr int kShared = WgmmaTiles<Cfg, Ops>::kSharedBytes;
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(order.count, multiprocessors)));
@@ -219,25 +407,45 @@ cudaError_t LaunchWgmmaWith(const MatmulDims& dims, const In* a, const In* b, Ou
   return cudaGetLastError();
 }
 
-template <class Cfg, class In, class Out>
-cudaError_t LaunchWgmmaLayouts(const MatmulDims& d, const In* a, const In* b, Out* out,
-                               cudaStream_t stream, int multiprocessors) {
+template <class Cfg, class In, class Out, bool kSplit>
+cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+                               int multiprocessors) {
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
-  const bool a_mn = d.transpose_a, b_mn = !d.transpose_b;
-  if (a_mn && b_mn) return LaunchWgmmaWith<Cfg, In, Out, true, true>(d, a, b, out, stream, multiprocessors);
-  if (a_mn) return LaunchWgmmaWith<Cfg, In, Out, true, false>(d, a, b, out, stream, multiprocessors);
-  if (b_mn) return LaunchWgmmaWith<Cfg, In, Out, false, true>(d, a, b, out, stream, multiprocessors);
-  return LaunchWgmmaWith<Cfg, In, Out, false, false>(d, a, b, out, stream, multiprocessors);
+  const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
+  if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
+    if (w.transposed_out)  // A = B^T of the caller's B stored (k, n): MN-major
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(
+          w, out, stream, multiprocessors);
+    if (a_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, stream,
+                                                                          multiprocessors);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, stream,
+                                                                         multiprocessors);
+  } else {
+    if (a_mn && b_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, stream, multiprocessors);
+    if (a_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, stream, multiprocessors);
+    if (b_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, stream, multiprocessors);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, stream, multiprocessors);
+  }
 }
 
-// In: __half or __nv_bfloat16; the caller has checked WgmmaCanTake and that
-// the device is compute capability 9.0.
-template <class In, class Out>
+// In: __half, __nv_bfloat16 or float (TF32; kSplit: 3xTF32). The caller has
+// checked WgmmaLayoutFits, WgmmaCanTake and that the device is compute
+// capability 9.0.
+template <class In, class Out, bool kSplit = false>
 cudaError_t LaunchWgmma(const MatmulDims& dims, const In* a, const In* b, Out* out,
                         cudaStream_t stream, int multiprocessors) {
-  if (WgmmaUsesWideTiles(dims, multiprocessors))
-    return LaunchWgmmaLayouts<WgmmaWide, In, Out>(dims, a, b, out, stream, multiprocessors);
-  return LaunchWgmmaLayouts<WgmmaNarrow, In, Out>(dims, a, b, out, stream, multiprocessors);
+  static_assert(std::is_same_v<In, float> || !kSplit, "3xTF32 splits float32 only");
+  if (!WgmmaLayoutFits(std::is_same_v<In, float>, dims)) return cudaErrorInvalidValue;
+  const WgmmaArrangement w = ArrangeWgmma<In>(dims, a, b);
+  if constexpr (kSplit)
+    return LaunchWgmmaLayouts<WgmmaSplit, In, Out, true>(w, out, stream, multiprocessors);
+  if (WgmmaUsesWideTiles(w.dims, multiprocessors))
+    return LaunchWgmmaLayouts<WgmmaWide, In, Out, false>(w, out, stream, multiprocessors);
+  return LaunchWgmmaLayouts<WgmmaNarrow, In, Out, false>(w, out, stream, multiprocessors);
 }
 
 }  // namespace jax_tiled::cuda
