@@ -264,56 +264,44 @@ __device__ __forceinline__ void GrowRegisters() {
 #endif
 }
 
+// The accumulator operands of an m64nN wgmma: %0..%(N/2 - 1).
+#define JAX_TILED_ACC_OPERANDS_64                                                     \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define JAX_TILED_ACC_OPERANDS_128                                                    \
+  JAX_TILED_ACC_OPERANDS_64 ", "                                                      \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "  \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "    \
+  "%123, %124, %125, %126, %127"
+
 // d[kN / 2] (+)= A(64 x 16) * B(16 x kN): the accumulator registers
 // %0..%(kN/2 - 1), then the two descriptors, the accumulate flag (0 on a
 // tile's first step: d = A * B) and the two transpose immediates.
-#define JAX_TILED_WGMMA_N128(type)                                                    \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                      \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {"                   \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"              \
-  "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
+#define JAX_TILED_WGMMA_N128(type)                                               \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                 \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {"              \
+  JAX_TILED_ACC_OPERANDS_64 "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
 
-#define JAX_TILED_WGMMA_N256(type)                                                    \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                     \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type " {"                   \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "  \
-  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
-  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "  \
-  "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "      \
-  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "    \
-  "%124, %125, %126, %127"                                                            \
-  "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
+#define JAX_TILED_WGMMA_N256(type)                                               \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type " {"              \
+  JAX_TILED_ACC_OPERANDS_128 "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
 
 // TF32, A from registers: the accumulators, then a0..a3, B's descriptor and
 // the accumulate flag; TF32 has no transpose immediates (B is K-major).
-#define JAX_TILED_WGMMA_TF32_N128                                                     \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                      \
-  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"                            \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"              \
-  "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n}\n"
+#define JAX_TILED_WGMMA_TF32_N128                                                \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                 \
+  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"                       \
+  JAX_TILED_ACC_OPERANDS_64 "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n}\n"
 
-#define JAX_TILED_WGMMA_TF32_N256                                                     \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %133, 0;\n"                     \
-  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"                            \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
-  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "  \
-  "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, "  \
-  "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, "  \
-  "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "      \
-  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "    \
-  "%124, %125, %126, %127"                                                            \
-  "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
+#define JAX_TILED_WGMMA_TF32_N256                                                \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %133, 0;\n"                \
+  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"                       \
+  JAX_TILED_ACC_OPERANDS_128 "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
 
 #define JAX_TILED_ACC8(d, i)                                                              \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
@@ -388,5 +376,7 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
 #undef JAX_TILED_ACC8
 #undef JAX_TILED_WGMMA_N256
 #undef JAX_TILED_WGMMA_N128
+#undef JAX_TILED_ACC_OPERANDS_128
+#undef JAX_TILED_ACC_OPERANDS_64
 
 }  // namespace jax_tiled::cuda::hopper
