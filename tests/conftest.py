@@ -133,7 +133,9 @@ def input_rounding(platform, dtype, precision) -> float:
     if tensor_core_float32(platform, dtype, precision):
         if canonical_precision(precision) == lax.Precision.DEFAULT:
             return 2.0**-11  # TF32 keeps 10 mantissa bits, rounded to nearest
-        return 2.0**-21  # 3xTF32: the dropped lo*lo term and the rounding of lo
+        # 3xTF32: hi is x truncated, so |lo| < 2^-10 |x|: the dropped lo*lo
+        # term and the rounding of lo.
+        return 2.0**-20
     return 0.0
 
 

@@ -1,16 +1,24 @@
 // float32 on tensor cores. TF32 is float32's sign and 8-bit exponent with 10
 // of its 23 mantissa bits; the tensor cores multiply TF32 operands exactly and
-// add into float32. Two ways to use them (precision, ../../../README.md):
+// add into float32. Two ways to use them (precision, README.md):
 //   DEFAULT, one pass:  a * b ~ tf32(a) * tf32(b), relative error ~2^-11 per
 //     operand, what XLA's own float32 matmul does on these GPUs;
-//   HIGH, three passes: split x = hi + lo, both TF32 (lo = tf32(x - hi)),
-//     and a * b ~ a_lo * b_hi + a_hi * b_lo + a_hi * b_hi. The dropped
-//     a_lo * b_lo and the rounding of lo are ~2^-22 of |a b|: close to fp32
-//     (2^-24) at three times the tensor-core work, still far below SIMT fp32.
+//   HIGH, three passes: split x = hi + lo, both TF32, and
+//     a * b ~ a_lo * b_hi + a_hi * b_lo + a_hi * b_hi. The dropped a_lo * b_lo
+//     and the rounding of lo are ~2^-20 of |a b|: close to fp32 (2^-24) at
+//     three times the tensor-core work, still far below SIMT fp32.
 //     The tensor cores truncate each addition into their accumulator, and
 //     over K / 8 * 3 additions that bias grows linearly in K; so the split
 //     kernels sum each slab into a fresh accumulator (small terms first) and
 //     add the slabs up with ordinary rounded float adds.
+//
+// Special values. True arithmetic gives inf * b = +-inf for every finite
+// nonzero b. A split operand meets the other's low part in a cross term,
+// inf * b_lo, so b_lo must never be zero or of the other sign while b is
+// nonzero, or the product becomes inf - inf or inf * 0 = NaN. Hence hi is x
+// truncated (rounding to nearest may step past x and flip lo's sign), and a
+// lo that would be zero is FLT_MIN with x's sign: far below the rounding of
+// any product it joins, but enough to carry an infinity's sign.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,20 +29,38 @@ namespace jax_tiled::cuda {
 
 // float32 rounded to nearest TF32 (ties away), as the bit pattern the tensor
 // cores read: the low 13 mantissa bits are zero. The instruction exists from
-// sm_80; the rungs that call it are built for sm_80 and sm_90a only.
-__device__ __forceinline__ uint32_t RoundToTf32(float x) {
+// sm_80; the kernels that call it are built for sm_80 and sm_90a only.
+__device__ __forceinline__ uint32_t CvtRnaTf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
 }
 
-// x ~ hi + lo, both TF32; x - hi is exact in float32. An infinite hi (x
-// infinite, or within 2^-12 of the float32 limit) gets lo = 0, not the NaN
-// of inf - inf, so infinities come out as one TF32 pass gives them.
+// CvtRnaTf32, except that finite values within half a TF32 step of the
+// float32 limit, which it rounds to inf, are truncated instead: only true
+// overflow gives inf. Selects, not branches: this runs on every operand
+// element in the kernels' inner loops.
+__device__ __forceinline__ uint32_t RoundToTf32(float x) {
+  constexpr uint32_t kInf = 0x7f800000u;
+  const uint32_t bits = __float_as_uint(x), rounded = CvtRnaTf32(x);
+  const bool overflowed = ((rounded & 0x7fffffffu) == kInf) & ((bits & 0x7fffffffu) != kInf);
+  return overflowed ? bits & 0xffffe000u : rounded;
+}
+
+// x = hi + lo, both TF32, lo of x's sign (see the top of this file): hi is x
+// truncated, x - hi is exact and below one TF32 step of x, and lo rounds it
+// (it cannot overflow). Where that gives lo = 0 (x a TF32 value) or NaN (x
+// infinite), lo is FLT_MIN with x's sign instead; 0 splits into 0 + 0 and
+// NaN into NaN + FLT_MIN. Integer tests and one select, no branches.
 __device__ __forceinline__ void SplitTf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = RoundToTf32(x);
-  const float rest = x - __uint_as_float(hi);
-  lo = isinf(__uint_as_float(hi)) ? 0u : RoundToTf32(rest);
+  const uint32_t bits = __float_as_uint(x);
+  hi = bits & 0xffffe000u;
+  const uint32_t rounded = CvtRnaTf32(x - __uint_as_float(hi));
+  // rounded << 1 drops the sign: 0 for a zero lo, above inf's for a NaN one;
+  // minus one wraps zero to the top, so one unsigned compare catches both.
+  const bool zero_or_nan = (rounded << 1) - 1u >= (0x7f800000u << 1);
+  const bool nonzero_x = (bits << 1) != 0u;
+  lo = zero_or_nan & nonzero_x ? (bits & 0x80000000u) | 0x00800000u : rounded;
 }
 
 }  // namespace jax_tiled::cuda
