@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import zlib
-from pathlib import Path
 
 # Four CPU devices for tests/test_sharding.py; XLA reads this when jax starts.
 os.environ["XLA_FLAGS"] = " ".join(
     filter(None, [os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=4"]))
-
-# `python -m pytest` puts the working directory first on sys.path; from the
-# repository root, the source tree's jax_tiled/ (which has no compiled modules)
-# would then shadow the installed package under test.
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 import jax
 import jax.numpy as jnp

@@ -21,8 +21,7 @@ if ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; th
 fi
 note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 
-cd /tmp  # import the installed package, not the source tree
-repo=$OLDPWD
+repo=$PWD  # with the src/ layout, Python here imports the installed package
 
 if [[ " $steps " == *" tests "* ]]; then
   test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
