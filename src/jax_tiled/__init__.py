@@ -8,6 +8,7 @@
 
 from jax_tiled._matmul import explain, kernels, matmul
 from jax_tiled._primitive import tiled_matmul_p
+from jax_tiled import _lowering  # noqa: F401  (registers the primitive's lowering rules)
 
 __all__ = ["explain", "kernels", "matmul", "tiled_matmul_p"]
 __version__ = "0.1.0"
