@@ -36,12 +36,12 @@ if [[ " $steps " == *" sanitize "* ]]; then
     for rung in ${RUNGS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
       extra=(); [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
       timeout 600 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 1 \
-        python3 "$repo/tests/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1
+        python3 "$repo/tests/scripts/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1
       note "compute-sanitizer $tool $rung: rc=$? :: $(grep -E 'ERROR SUMMARY|products correct' "$OUT/san_${tool}_$rung.log" | tr '\n' ' ')"
     done
   done
   timeout 600 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
-    python3 "$repo/tests/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
+    python3 "$repo/tests/scripts/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
   note "racecheck on the planted race (must be non-zero): rc=$? :: $(grep -E 'ERROR SUMMARY|hazard' "$OUT/san_racecheck_planted.log" | head -3 | tr '\n' ' ')"
   unset XLA_PYTHON_CLIENT_ALLOCATOR
 fi

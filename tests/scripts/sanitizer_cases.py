@@ -1,7 +1,7 @@
 """Small odd-shaped products for compute-sanitizer (not a pytest module).
 
     XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool racecheck \\
-        --error-exitcode 1 python3 tests/sanitizer_cases.py smem
+        --error-exitcode 1 python3 tests/scripts/sanitizer_cases.py smem
 
 runs the named CUDA rung on every dtype, layout and float32 precision it
 takes, checking each result against float64 NumPy; one float32 and one bfloat16 product are large
