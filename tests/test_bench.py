@@ -99,8 +99,8 @@ def test_float32_rows_run_every_precision():
     assert harness.precisions_for("float32", ["high"]) == ["high"]
 
 
-def test_each_precision_times_the_rungs_that_take_it(monkeypatch):
-    """A float32 'highest' row leaves out the tensor-core rungs (they refuse
+def test_each_precision_times_the_kernels_that_take_it(monkeypatch):
+    """A float32 'highest' row leaves out the tensor-core kernels (they refuse
     true fp32); 'default' and 'high' rows time them. Named kernels are timed as asked."""
     def kernels(backend=None, dtype=None, out_dtype=None, precision=None):
         assert backend is None and dtype == jnp.float32

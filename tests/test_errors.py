@@ -58,7 +58,7 @@ def test_unknown_kernel_lists_valid_ones():
         jax_tiled.matmul(A, B, kernel="nope")
 
 
-@pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA rungs")
+@pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA kernels")
 def test_kernel_unavailable_on_platform():
     cuda_only = [k for k in jax_tiled._ffi.kernel_names("cuda") if k not in jax_tiled.kernels("cpu")]
     if not cuda_only:

@@ -24,7 +24,7 @@ needs_cuda_module = pytest.mark.skipif(not _ffi.cuda_module_built(),
 def test_cpu():
     text = jax_tiled.explain(jnp.ones((3, 4, 5)), jnp.ones((5, 6)), backend="cpu")
     assert text.startswith("cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32")
-    assert text.endswith("blocked: the cache-blocked CPU kernel, the only CPU rung")
+    assert text.endswith("blocked: the cache-blocked CPU kernel, the only CPU kernel")
 
 
 def test_forced_kernel_and_promotion():
@@ -61,7 +61,7 @@ def test_bad_input_raises_like_matmul():
     ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
 ], ids=str)
 def test_cuda_auto_by_shape(a, b, expected):
-    """float32 at HIGHEST: true fp32, on the SIMT rungs."""
+    """float32 at HIGHEST: true fp32, on the SIMT kernels."""
     assert expected in jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32),
                                          precision="highest", backend="gpu")
 
@@ -133,8 +133,8 @@ def _tensor_core_kernels() -> tuple[str, ...]:
 
 @needs_cuda_module
 def test_refusal_float32_by_precision():
-    """The tensor-core rungs take float32 at DEFAULT (TF32) and HIGH (3xTF32),
-    not at HIGHEST (true fp32); the SIMT rungs take it at every precision."""
+    """The tensor-core kernels take float32 at DEFAULT (TF32) and HIGH (3xTF32),
+    not at HIGHEST (true fp32); the SIMT kernels take it at every precision."""
     for kernel in _tensor_core_kernels():
         for precision in ("default", "high", jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH):
             assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
@@ -175,25 +175,25 @@ def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)],
                          ids=str)
 def test_cuda_auto_float32_by_precision(shape):
-    """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT rung; the
+    """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT kernel; the
     head names the precision either way."""
     m, k, n = shape
     a, b = S((m, k), jnp.float32), S((k, n), jnp.float32)
     for precision in ("default", "high", "highest"):
         text = jax_tiled.explain(a, b, precision=precision, backend="gpu")
-        _, head, rung = text.split(": ")[:3]
+        _, head, kernel = text.split(": ")[:3]
         assert head.endswith(f"precision {precision.upper()}"), text
         expected = SIMT_KERNELS if precision == "highest" else _tensor_core_kernels()
-        assert rung in expected, text
+        assert kernel in expected, text
     with jax.default_matmul_precision("float32"):
         text = jax_tiled.explain(a, b, backend="gpu")
     assert "precision HIGHEST" in text and text.split(": ")[2] in SIMT_KERNELS, text
 
 
 @needs_cuda_module
-def test_forced_tensor_core_rung_at_highest_raises():
-    """explain checks a forced rung as matmul does: float32 at HIGHEST on a
-    tensor-core rung is a ValueError naming the precision."""
+def test_forced_tensor_core_kernel_at_highest_raises():
+    """explain checks a forced kernel as matmul does: float32 at HIGHEST on a
+    tensor-core kernel is a ValueError naming the precision."""
     a = S((256, 256), jnp.float32)
     for kernel in _tensor_core_kernels():
         text = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")

@@ -61,7 +61,7 @@ def _edge_sizes(tile: int) -> list[int]:
     return [1, tile - 1, tile, tile + 1, 2 * tile + 1]
 
 
-# Tile sizes of the rungs: the CPU kernel's register (12 x 32) and cache (up
+# Tile sizes of the kernels: the CPU kernel's register (12 x 32) and cache (up
 # to 384 x 256, 256 deep) blocks; CUDA: smem's 16 and 32, regblock's 64,
 # warptile's 64 and 128 blocks and 8-deep slabs.
 EDGE_SIZES = sorted(set(_edge_sizes(16) + _edge_sizes(32) + _edge_sizes(64) + _edge_sizes(128)
@@ -246,8 +246,8 @@ def test_operand_over_2_31_elements(dtype):
         b = jax.random.normal(key_b, (k, n), dtype)
         true_fp32 = jax_tiled.kernels("gpu", dtype, jnp.float32, precision="highest")
         for kernel in jax_tiled.kernels("gpu", dtype, jnp.float32):
-            # Each rung at the precision it computes: float32 on the tensor-core
-            # rungs is TF32 (DEFAULT), on the others true fp32 (HIGHEST).
+            # Each kernel at the precision it computes: float32 on the tensor-core
+            # kernels is TF32 (DEFAULT), on the others true fp32 (HIGHEST).
             precision = "highest" if kernel in true_fp32 else "default"
             out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
                                                         precision=precision, kernel=kernel))(a, b)

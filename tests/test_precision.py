@@ -49,7 +49,7 @@ def fp32_norm_error(k: int) -> float:
 def test_error_class_by_precision_every_layout(platform, rng, shape):
     """DEFAULT: TF32 class, and at least 10x true fp32's error (so the TF32 path
     ran, not a silent fp32 one); HIGH: within 2x of true fp32's error (the
-    issue's criterion). On CPU both are true fp32, bit for bit. Every rung and
+    issue's criterion). On CPU both are true fp32, bit for bit. Every kernel and
     layout is measured before the test fails, and the failure lists them all."""
     m, n, k = shape
     off = []
@@ -78,7 +78,7 @@ def test_error_class_by_precision_every_layout(platform, rng, shape):
 
 
 @pytest.mark.gpu
-def test_highest_through_auto_runs_true_fp32_on_a_simt_rung(rng, on_gpu):
+def test_highest_through_auto_runs_true_fp32_on_a_simt_kernel(rng, on_gpu):
     for m, n, k in SHAPES:
         a = random_array(rng, (m, k), F32)
         b = random_array(rng, (k, n), F32)
@@ -91,7 +91,7 @@ def test_highest_through_auto_runs_true_fp32_on_a_simt_rung(rng, on_gpu):
 
 
 @pytest.mark.gpu
-def test_explain_names_a_tensor_core_rung_for_default_and_high(on_gpu):
+def test_explain_names_a_tensor_core_kernel_for_default_and_high(on_gpu):
     a, b = jax.ShapeDtypeStruct((1000, 800), F32), jax.ShapeDtypeStruct((800, 1200), F32)
     for precision in ("default", "high", "bfloat16", "tensorfloat32"):
         text = jax_tiled.explain(a, b, precision=precision)
@@ -147,7 +147,7 @@ def test_default_matmul_precision_is_honoured(platform, rng, setting, explicit):
 
 
 @pytest.mark.gpu
-def test_forcing_a_tensor_core_rung_under_float32_setting_raises(rng, on_gpu):
+def test_forcing_a_tensor_core_kernel_under_float32_setting_raises(rng, on_gpu):
     a = random_array(rng, (64, 64), F32)
     for kernel in tensor_core_kernels():
         with jax.default_matmul_precision("float32"):
@@ -242,7 +242,7 @@ TRANSFORM_SHAPES = [((2, 65, 136), (136, 72)), ((65, 136), (2, 136, 72))]
 
 
 def grad_kernels(platform, a, b, precision) -> list[str]:
-    """The rungs under test that take the forward product's layout and its
+    """The kernels under test that take the forward product's layout and its
     VJP's: b's cotangent a^T @ ct (transpose_a) and a's ct @ b^T (transpose_b)."""
     forward = matmul_problem(a, b)
     m, n, k = forward[2:5]

@@ -77,7 +77,7 @@ def test_error_class_at_depth(rng, dtype):
         assert error <= NORM_ERROR[np.dtype(dtype)], (kernel, error)
 
 
-def test_jit_grad_vmap_through_every_rung(rng):
+def test_jit_grad_vmap_through_every_kernel(rng):
     """The VJP's products are the transposed layouts; vmap adds a batch."""
     a = random_array(rng, (4, 64, 136), jnp.bfloat16)
     b = random_array(rng, (136, 72), jnp.bfloat16)

@@ -2,8 +2,8 @@
 
     import jax_tiled
     c = jax_tiled.matmul(a, b)        # jnp.matmul semantics, this package's kernels
-    jax_tiled.kernels()               # kernel rungs usable on the default backend
-    jax_tiled.explain(a, b)           # which rung "auto" runs for them, and why
+    jax_tiled.kernels()               # kernels usable on the default backend
+    jax_tiled.explain(a, b)           # which kernel "auto" runs for them, and why
 """
 
 from jax_tiled._matmul import explain, kernels, matmul

@@ -10,7 +10,7 @@ Canonical form, all arrays row-major:
 
 A batch of 1 is broadcast by the kernel through a zero batch stride. Params
 (all static): transpose_a, transpose_b (bool), out_dtype (np.dtype),
-precision (lax.Precision), kernel (str: "auto" or a rung name).
+precision (lax.Precision), kernel (str: "auto" or a kernel name).
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
 
 
 def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) -> None:
-    """A forced rung that cannot compute the dtypes raises TypeError; one that
+    """A forced kernel that cannot compute the dtypes raises TypeError; one that
     cannot run the problem's shape or layout at this precision (the tensor-core
-    rungs cannot give float32 HIGHEST) raises ValueError. Both name why."""
+    kernels cannot give float32 HIGHEST) raises ValueError. Both name why."""
     dtypes = _ffi.refusal(platform, kernel, dtype, out_dtype)
     if dtypes:
         raise TypeError(f"jax_tiled: {dtypes}")

@@ -1,6 +1,6 @@
 """Benchmark jax_tiled's kernels against jnp.matmul, as /work/shared/PERF.md asks.
 
-Every kernel rung usable on the default backend (each forced by name, plus
+Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run in one process through one harness, on
 the same random-normal inputs; each row reports its time, TFLOP/s, achieved
 GB/s for skinny shapes, and its ratio to the peer (peer time / kernel time, so

@@ -35,7 +35,7 @@ def parse_args(argv):
                    help="precision(s): default, high, highest (default: all three for "
                         "float32, default otherwise)")
     p.add_argument("--kernels", action="append", metavar="K",
-                   help="subset of kernel rungs (names from jax_tiled.kernels(), or auto; "
+                   help="subset of kernels (names from jax_tiled.kernels(), or auto; "
                         "--train-step: default auto)")
     p.add_argument("--shapes", action="append", metavar="S",
                    help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA")

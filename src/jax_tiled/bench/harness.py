@@ -1,6 +1,6 @@
 """Ours against the peer in one harness: the matmuls, the rows per precision, the ratios.
 
-Every kernel rung usable on the default backend (each forced by name, plus
+Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run on the same inputs through the same
 timing. The peer of a float32 row is `jnp.matmul` at the same precision,
 except that `high` (3xTF32) is compared with `highest` (PEER_PRECISION).
@@ -26,7 +26,7 @@ PEER_PRECISION = {"default": "default", "high": "highest", "highest": "highest"}
 
 
 def matmul_fn(precision: str, kernel: str):
-    """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the rung `kernel`."""
+    """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the kernel `kernel`."""
     prec = lax.Precision(precision)
     if kernel == PEER:
         def mm(a, b):
@@ -55,7 +55,7 @@ def measure_into(row, fn, sets, flops: int, args, budget: Budget, *,
     try:
         timing = time_products(fn, sets, repeats=args.repeats, warmup=args.warmup,
                                budget=budget, keep_first=keep_first)
-    except Exception as exc:  # noqa: BLE001 - an unsupported rung is a row, not a crash
+    except Exception as exc:  # noqa: BLE001 - an unsupported kernel is a row, not a crash
         row.error = f"{type(exc).__name__}: {exc}"
         return None
     row.ms = timing.seconds * 1e3
@@ -104,7 +104,7 @@ def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
 
 def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool) -> list[str]:
     """The kernels to time on `dtype` at `precision`: without --kernels, only the
-    rungs that compute it (the others would be error rows: the tensor-core rungs
+    kernels that compute it (the others would be error rows: the tensor-core kernels
     take float32 at default and high, not highest); named ones are timed as asked."""
     if requested:
         return kernels

@@ -19,7 +19,7 @@ CHECK_MAX_MNK = 1 << 31
 
 
 def product_fn(shape: Shape, precision: str, kernel: str):
-    """fn(a, b) for one product on the stored operands; `kernel` is PEER or a rung."""
+    """fn(a, b) for one product on the stored operands; `kernel` is PEER or a kernel name."""
     mm = matmul_fn(precision, kernel)
     if shape.transpose == "tA":
         return lambda a_t, b: mm(a_t.mT, b)
@@ -93,7 +93,7 @@ def plan(args) -> list[tuple[Shape, str, list[str]]]:
 
 def run_shape(shape: Shape, dtype: str, kernels: dict[str, list[str]], args, budget: Budget,
               progress: Progress) -> list[Row]:
-    """Rows for one shape and dtype; `kernels` maps each precision to its rungs."""
+    """Rows for one shape and dtype; `kernels` maps each precision to its kernels."""
     n_sets = choose_sets(shape.input_bytes(np.dtype(dtype).itemsize), budget)
     sets = make_inputs(shape, jnp.dtype(dtype), n_sets, args.seed)
     small = shape.batch * shape.m * shape.n * shape.k <= CHECK_MAX_MNK
