@@ -48,8 +48,8 @@ def fp32_norm_error(k: int) -> float:
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_error_class_by_precision_every_layout(platform, rng, shape):
     """DEFAULT: TF32 class, and at least 10x true fp32's error (so the TF32 path
-    ran, not a silent fp32 one); HIGH: within 2x of true fp32's error (the
-    issue's criterion). On CPU both are true fp32, bit for bit. Every kernel and
+    ran, not a silent fp32 one); HIGH: within 2x of true fp32's error (what
+    3xTF32 promises). On CPU both are true fp32, bit for bit. Every kernel and
     layout is measured before the test fails, and the failure lists them all."""
     m, n, k = shape
     off = []

@@ -1,4 +1,4 @@
-"""Benchmark jax_tiled's kernels against jnp.matmul, as /work/shared/PERF.md asks.
+"""Benchmark jax_tiled's kernels against jnp.matmul, as docs/performance.md describes.
 
 Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run in one process through one harness, on
@@ -6,7 +6,7 @@ the same random-normal inputs; each row reports its time, TFLOP/s, achieved
 GB/s for skinny shapes, and its ratio to the peer (peer time / kernel time, so
 > 1 means faster than jnp.matmul). The peer of a float32 row is `jnp.matmul`
 at the same precision, except that `high` (3xTF32) is compared with `highest`,
-as PERF.md's targets say.
+as the targets in docs/performance.md say.
 
 Usage:
 
@@ -16,7 +16,7 @@ Usage:
     python -m jax_tiled.bench --precision highest --kernels smem,auto
     python -m jax_tiled.bench --json out.json --plot out.png
     python -m jax_tiled.bench --list-shapes
-    python -m jax_tiled.bench --train-step         # PERF.md's training step, bfloat16
+    python -m jax_tiled.bench --train-step         # the training step, bfloat16
     python -m jax_tiled.bench --train-step --width 8192 --tokens 8192 --json step.json
 
 Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch

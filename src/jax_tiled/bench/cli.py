@@ -54,7 +54,7 @@ def parse_args(argv):
     p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
     p.add_argument("--list-shapes", action="store_true", help="print the suites and exit")
     p.add_argument("--train-step", action="store_true",
-                   help="time PERF.md's training step (forward + VJP of a 2-layer MLP) with "
+                   help="time the training step (forward + VJP of a 2-layer MLP) with "
                         "jnp.matmul and with each kernel, instead of single products "
                         "(default dtype bfloat16, precision default)")
     p.add_argument("--width", type=int, metavar="W",
@@ -83,7 +83,7 @@ def parse_args(argv):
     if args.repeats is None:
         args.repeats = 5 if args.quick else 10
     if args.repeats < 5:
-        p.error("--repeats must be at least 5 (PERF.md: median of at least 5 samples)")
+        p.error("--repeats must be at least 5 (the protocol: median of at least 5 samples)")
     try:
         args.shapes = [parse_shape(s) for s in args.shapes] if args.shapes else None
     except ValueError as exc:
@@ -138,7 +138,8 @@ def main(argv=None) -> int:
     print(heading(info))
     print(format_table(rows, hbm_gbps(info["device"])))
     if any(r.precision == "high" for r in rows):
-        print("(precision high: ratio against jnp.matmul at precision highest, per PERF.md)")
+        print("(precision high: ratio against jnp.matmul at precision highest, as "
+              "docs/performance.md says)")
     print()
     print(format_geomeans(summary))
     if args.json:

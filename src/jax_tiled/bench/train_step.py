@@ -27,7 +27,7 @@ from jax_tiled.bench.report import Progress
 from jax_tiled.bench.shapes import Shape
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
 
-TRAIN_WIDTH = {"gpu": 8192, "cpu": 1024}  # PERF.md's width; on a CPU, one that takes seconds
+TRAIN_WIDTH = {"gpu": 8192, "cpu": 1024}  # docs/performance.md's; on a CPU, one of seconds
 
 
 # Largest relative difference allowed between our step's loss and gradients and the
