@@ -14,13 +14,8 @@ from jax import lax
 from jax_tiled.bench.timing import Budget, Timing, time_products
 
 PEER = "jnp.matmul"
-
-
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
 PRECISIONS = ("default", "high", "highest")
-
 
 # The peer's precision per row precision: 3xTF32 offers HIGHEST's accuracy, so it is
 # compared with HIGHEST (docs/performance.md).

@@ -29,7 +29,6 @@ from jax_tiled.bench.timing import Budget, choose_sets, random_sets
 
 TRAIN_WIDTH = {"gpu": 8192, "cpu": 1024}  # docs/performance.md's; on a CPU, one of seconds
 
-
 # Largest relative difference allowed between our step's loss and gradients and the
 # peer's. Both sides round h, y and the cotangents to the dtype after accumulating
 # in different orders, so elements can round one unit apart, and that propagates
