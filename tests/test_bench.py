@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jax_tiled
-from jax_tiled import bench
+from jax_tiled.bench import cli, harness, train_step
 
 TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "float32",
              "--repeats", "5", "--no-progress"]
@@ -19,7 +22,7 @@ TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "floa
 
 def test_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["--shapes", "96x64x80", "--repeats", "5", "--no-progress",
+    assert cli.main(["--shapes", "96x64x80", "--repeats", "5", "--no-progress",
                        "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     kernels = {row["kernel"] for row in result["rows"]}
@@ -30,7 +33,7 @@ def test_bench_runs_and_writes_json(tmp_path):
 def run_tiny_step(tmp_path) -> tuple[int, dict, dict]:
     """The exit status, the JSON document, and its rows by kernel."""
     out = tmp_path / "step.json"
-    status = bench.main([*TINY_STEP, "--json", str(out)])
+    status = cli.main([*TINY_STEP, "--json", str(out)])
     result = json.loads(out.read_text())
     return status, result, {row["kernel"]: row for row in result["rows"]}
 
@@ -86,18 +89,18 @@ def test_train_step_fails_when_our_products_are_wrong(tmp_path, capsys, monkeypa
 def test_train_step_runs_the_products_it_counts(kernel, product):
     width, tokens = 16, 8
     operands = (jnp.ones((width, width)), jnp.ones((width, width)), jnp.ones((tokens, width)))
-    jaxpr = str(jax.make_jaxpr(bench.train_step_fn("default", kernel))(*operands))
-    assert jaxpr.count(product) == len(bench.train_step_products(width, tokens))
+    jaxpr = str(jax.make_jaxpr(train_step.train_step_fn("default", kernel))(*operands))
+    assert jaxpr.count(product) == len(train_step.train_step_products(width, tokens))
 
 
 def test_float32_rows_run_every_precision():
-    assert bench.precisions_for("float32", None) == ["default", "high", "highest"]
-    assert bench.precisions_for("bfloat16", None) == ["default"]
-    assert bench.precisions_for("float32", ["high"]) == ["high"]
+    assert harness.precisions_for("float32", None) == ["default", "high", "highest"]
+    assert harness.precisions_for("bfloat16", None) == ["default"]
+    assert harness.precisions_for("float32", ["high"]) == ["high"]
 
 
-def test_each_precision_times_the_rungs_that_take_it(monkeypatch):
-    """A float32 'highest' row leaves out the tensor-core rungs (they refuse
+def test_each_precision_times_the_kernels_that_take_it(monkeypatch):
+    """A float32 'highest' row leaves out the tensor-core kernels (they refuse
     true fp32); 'default' and 'high' rows time them. Named kernels are timed as asked."""
     def kernels(backend=None, dtype=None, out_dtype=None, precision=None):
         assert backend is None and dtype == jnp.float32
@@ -105,20 +108,41 @@ def test_each_precision_times_the_rungs_that_take_it(monkeypatch):
 
     monkeypatch.setattr(jax_tiled, "kernels", kernels)
     available = ["warptile", "mma", "auto"]
-    assert bench.kernels_for("float32", "highest", available, False) == ["warptile", "auto"]
+    assert harness.kernels_for("float32", "highest", available, False) == ["warptile", "auto"]
     for precision in ("default", "high"):
-        assert bench.kernels_for("float32", precision, available, False) == available
-    assert bench.kernels_for("float32", "highest", ["mma"], True) == ["mma"]
+        assert harness.kernels_for("float32", precision, available, False) == available
+    assert harness.kernels_for("float32", "highest", ["mma"], True) == ["mma"]
 
 
 def test_rows_per_precision_share_their_peers():
     by_precision = {"default": ["a", "b"], "high": ["a", "b", "c"], "highest": ["a"]}
     measure = lambda p, k: types.SimpleNamespace(precision=p, kernel=k, ms=1.0, error=None)
-    rows = bench.measure_against_peers(by_precision, measure)
+    rows = harness.measure_against_peers(by_precision, measure)
     assert [(r.precision, r.kernel) for r in rows] == [
         ("default", "jnp.matmul"), ("default", "a"), ("default", "b"),
         ("highest", "jnp.matmul"), ("high", "a"), ("high", "b"), ("high", "c"),
         ("highest", "a")]
     assert [r.peer_precision for r in rows if r.kernel != "jnp.matmul"] == [
         "default", "default", "highest", "highest", "highest", "highest"]
-    assert bench.count_rows(by_precision) == len(rows)
+    assert harness.count_rows(by_precision) == len(rows)
+
+
+def test_module_entry_point_lists_the_suites():
+    """`python -m jax_tiled.bench` runs the package's __main__."""
+    result = subprocess.run([sys.executable, "-m", "jax_tiled.bench", "--list-shapes"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "GPU suite: 512^3" in result.stdout and "CPU --quick: 256^3" in result.stdout
+
+
+def test_scaling_tool_runs_on_the_shared_timing():
+    """tools/scaling.py times through the bench's timing module; on CPU devices
+    (four, from conftest's XLA_FLAGS) at a tiny size it prints every row."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    result = subprocess.run([sys.executable, str(script), "--size", "64", "--repeats", "5"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert {(row[0], row[1]) for row in rows} == {
+        (layout, impl) for layout in ("M-sharded", "K-sharded") for impl in ("jax_tiled", "jnp")}
+    assert all(float(row[3]) > 0 for row in rows)

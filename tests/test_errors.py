@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from conftest import gpu_available
+from helpers import gpu_available
 
 A = jnp.ones((3, 4), jnp.float32)
 B = jnp.ones((4, 5), jnp.float32)
@@ -58,7 +58,7 @@ def test_unknown_kernel_lists_valid_ones():
         jax_tiled.matmul(A, B, kernel="nope")
 
 
-@pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA rungs")
+@pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA kernels")
 def test_kernel_unavailable_on_platform():
     cuda_only = [k for k in jax_tiled._ffi.kernel_names("cuda") if k not in jax_tiled.kernels("cpu")]
     if not cuda_only:
@@ -93,6 +93,19 @@ def test_primitive_checks_its_operands():
         bind(A[None], B[None].astype(jnp.bfloat16))
     with pytest.raises(TypeError, match="int32"):
         bind(A[None], B[None], out_dtype=np.dtype(np.int32))
+
+
+@pytest.mark.gpu
+def test_forced_kernel_refuses_dtypes_it_cannot_compute():
+    a = jnp.ones((8, 8), jnp.bfloat16)
+    with jax.default_device(jax.devices("cuda")[0]):
+        with pytest.raises(TypeError, match="'pipelined'.*got bfloat16 -> bfloat16"):
+            jax_tiled.matmul(a, a, kernel="pipelined")
+        # The handler refuses too, for callers that bypass the primitive.
+        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.bfloat16))
+        with pytest.raises(Exception, match="'pipelined'.*got bfloat16 -> bfloat16"):
+            jax.block_until_ready(call(a[None], a[None], transpose_a=False, transpose_b=False,
+                                       precision=np.int32(2), kernel="pipelined"))
 
 
 def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0):

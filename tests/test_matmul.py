@@ -1,6 +1,8 @@
 """Values: jax_tiled.matmul against float64 NumPy and jnp.matmul(HIGHEST), for
 every kernel on every platform, over jnp.matmul's shape cases, tile edges,
-zero sizes, every dtype, promotion and preferred_element_type."""
+zero sizes, batches, every dtype, promotion and preferred_element_type, and
+operands past 2**31 elements; results are deterministic and thread-safe.
+(What each float32 precision computes is test_precision.py's.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from conftest import assert_matmul_close, kernels_on, matmul_problem, random_array, x64
+from helpers import (F32, LAYOUTS, assert_matmul_close, bind_product, kernels_on,
+                     matmul_problem, operands, random_array, tensor_kernels_on, x64)
 
 # jnp.matmul's own cases: vectors, matrices, broadcast batches.
 SHAPE_CASES = [
@@ -32,6 +35,10 @@ SHAPE_CASES = [
     ((2, 1, 5, 3), (1, 4, 3, 6)),
     ((4, 2, 5, 3), (2, 3, 6)),
     ((2, 5, 3), (4, 2, 3, 6)),
+    # ... and batches of a few tiles.
+    ((4, 65, 33), (33, 17)),
+    ((2, 1, 40, 24), (3, 24, 36)),
+    ((65, 33), (2, 33, 17)),
 ]
 
 
@@ -45,13 +52,16 @@ def test_shape_cases(platform, rng, a_shape, b_shape):
         assert out.shape == ref.shape
         assert_matmul_close(out, a, b, platform=platform, precision="highest")
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    for precision in ("default", "high"):  # on CUDA, "auto" runs these on the tensor cores
+        out = jax_tiled.matmul(a, b, precision=precision)
+        assert_matmul_close(out, a, b, platform=platform, precision=precision)
 
 
 def _edge_sizes(tile: int) -> list[int]:
     return [1, tile - 1, tile, tile + 1, 2 * tile + 1]
 
 
-# Tile sizes of the rungs: the CPU kernel's register (12 x 32) and cache (up
+# Tile sizes of the kernels: the CPU kernel's register (12 x 32) and cache (up
 # to 384 x 256, 256 deep) blocks; CUDA: smem's 16 and 32, regblock's 64,
 # warptile's 64 and 128 blocks and 8-deep slabs.
 EDGE_SIZES = sorted(set(_edge_sizes(16) + _edge_sizes(32) + _edge_sizes(64) + _edge_sizes(128)
@@ -78,6 +88,24 @@ def test_tile_edges_cube(platform, rng):
             assert_matmul_close(out, a, b, platform=platform, precision="highest")
 
 
+# (m, k, n) off the tensor-core kernels' tiles (mma 128 x 128 x 32 and 64 x 64;
+# wgmma 128 x 256 or 128 x 128, 64 deep), K = 1, and single rows and columns.
+TENSOR_CORE_EDGE_SHAPES = [(1, 1, 1), (1, 7, 65), (7, 1, 129), (65, 129, 1), (129, 257, 7),
+                           (257, 65, 129), (65, 1, 65), (1, 257, 1), (129, 7, 257),
+                           (257, 257, 257), (64, 1, 64), (128, 8, 256), (68, 132, 260)]
+
+
+@pytest.mark.parametrize("precision", ["default", "high"])
+def test_tile_edges_at_tensor_core_precisions(platform, rng, precision):
+    """float32 at DEFAULT and HIGH, where CUDA runs it on the tensor cores too."""
+    for m, k, n in TENSOR_CORE_EDGE_SHAPES:
+        a = random_array(rng, (m, k), F32)
+        b = random_array(rng, (k, n), F32)
+        for kernel in kernels_on(platform, problem=matmul_problem(a, b), precision=precision):
+            out = jax_tiled.matmul(a, b, precision=precision, kernel=kernel)
+            assert_matmul_close(out, a, b, platform=platform, precision=precision)
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [
     ((0, 5), (5, 7)), ((5, 0), (0, 7)), ((5, 7), (7, 0)), ((0, 0), (0, 0)),
     ((0, 3, 4), (4, 5)), ((2, 3, 0), (2, 0, 5)), ((2, 0, 4), (1, 4, 5)), ((0,), (0,)),
@@ -87,10 +115,31 @@ def test_zero_sizes(platform, rng, a_shape, b_shape):
     a = random_array(rng, a_shape, np.float32)
     b = random_array(rng, b_shape, np.float32)
     ref = np.matmul(a, b)
-    for kernel in kernels_on(platform, problem=matmul_problem(a, b)):
-        out = jax_tiled.matmul(a, b, kernel=kernel)
-        assert out.shape == ref.shape and out.dtype == np.float32
-        np.testing.assert_array_equal(out, ref)  # empty, or exact zeros when K == 0
+    for precision in ("default", "high"):
+        for kernel in kernels_on(platform, problem=matmul_problem(a, b), precision=precision):
+            out = jax_tiled.matmul(a, b, precision=precision, kernel=kernel)
+            assert out.shape == ref.shape and out.dtype == np.float32
+            np.testing.assert_array_equal(out, ref)  # empty, or exact zeros when K == 0
+
+
+@pytest.mark.parametrize("batch_a,batch_b", [(3, 3), (1, 3), (3, 1)], ids=str)
+@pytest.mark.parametrize("shape", [(72, 136, 200), (33, 65, 17)], ids=str)
+def test_batches_and_broadcast_batches(platform, rng, batch_a, batch_b, shape):
+    """The primitive's batch, full or broadcast (a zero batch stride) on either
+    operand, in every layout, on the tensor-core kernels' inputs: bfloat16 and
+    float32 at DEFAULT and HIGH (on CPU, the CPU kernel)."""
+    m, n, k = shape
+    for ta, tb in LAYOUTS:
+        for dtype, precision in [(F32, lax.Precision.DEFAULT), (F32, lax.Precision.HIGH),
+                                 (jnp.bfloat16, lax.Precision.DEFAULT)]:
+            a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, dtype, batch_a, batch_b)
+            problem = (batch_a, batch_b, m, n, k, ta, tb)
+            for kernel in tensor_kernels_on(platform, problem, precision, dtype):
+                out = bind_product(a, b, ta, tb, precision=precision, kernel=kernel)
+                assert out.shape == (3, m, n)
+                assert_matmul_close(out, np.broadcast_to(a_op, (3, m, k)),
+                                    np.broadcast_to(b_op, (3, k, n)), platform=platform,
+                                    precision=precision)
 
 
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
@@ -108,10 +157,8 @@ def test_dtypes_and_transposes(platform, rng, dtype, transpose):
         b_op = np.swapaxes(b, 1, 2) if "b" in transpose else b
         problem = (2, 2, m, n, k, "a" in transpose, "b" in transpose)
         for kernel in kernels_on(platform, dtype, problem=problem, precision="highest"):
-            out = jax_tiled.tiled_matmul_p.bind(
-                jnp.asarray(a), jnp.asarray(b), transpose_a="a" in transpose,
-                transpose_b="b" in transpose, out_dtype=np.dtype(dtype),
-                precision=lax.Precision.HIGHEST, kernel=kernel)
+            out = bind_product(a, b, "a" in transpose, "b" in transpose,
+                               precision=lax.Precision.HIGHEST, kernel=kernel)
             assert_matmul_close(out, a_op, b_op, platform=platform, precision="highest")
 
 
@@ -187,24 +234,24 @@ def test_concurrent_calls_from_threads(platform, rng):
         assert_matmul_close(out, a, b, platform=platform, precision="highest")
 
 
-def test_kernels_lists_cpu_rungs():
-    assert jax_tiled.kernels("cpu") == ["blocked"]
-
-
-def _precision_of(fn, *args):
-    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive is jax_tiled.tiled_matmul_p]
-    return eqn.params["precision"]
-
-
-def test_precision_setting_is_honoured(rng):
-    a = random_array(rng, (4, 8), np.float32)
-    b = random_array(rng, (8, 3), np.float32)
-    assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.DEFAULT
-    with jax.default_matmul_precision("float32"):
-        assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.HIGHEST
-    with jax.default_matmul_precision("tensorfloat32"):
-        assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.HIGH
-    pair = lambda a, b: jax_tiled.matmul(a, b, precision=("default", "high"))
-    assert _precision_of(pair, a, b) == lax.Precision.HIGH
-    explicit = lambda a, b: jax_tiled.matmul(a, b, precision=lax.Precision.HIGHEST)
-    assert _precision_of(explicit, a, b) == lax.Precision.HIGHEST
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
+def test_operand_over_2_31_elements(dtype):
+    """(2**21 + 1) x 1024 @ 1024 x 64: a has 2**31 + 1024 elements, so any
+    32-bit index arithmetic would wrap. Spot-check first and last rows."""
+    m, k, n = 2**21 + 1, 1024, 64
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    with jax.default_device(jax.devices("cuda")[0]):
+        a = jax.random.normal(key_a, (m, k), dtype)
+        b = jax.random.normal(key_b, (k, n), dtype)
+        true_fp32 = jax_tiled.kernels("gpu", dtype, jnp.float32, precision="highest")
+        for kernel in jax_tiled.kernels("gpu", dtype, jnp.float32):
+            # Each kernel at the precision it computes: float32 on the tensor-core
+            # kernels is TF32 (DEFAULT), on the others true fp32 (HIGHEST).
+            precision = "highest" if kernel in true_fp32 else "default"
+            out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
+                                                        precision=precision, kernel=kernel))(a, b)
+            rows = np.r_[0:4, m // 2, m - 4:m]
+            assert_matmul_close(out[rows], a[rows], b, platform="cuda", precision=precision,
+                                out_dtype=np.float32)
+            del out

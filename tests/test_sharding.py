@@ -16,23 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 import jax_tiled
-from conftest import assert_matmul_close, random_array
-from test_transforms import FORBIDDEN, assert_trees_close, loss_of
+from helpers import (FORBIDDEN, HIGHEST, assert_matmul_close, assert_trees_close, bind_product,
+                     loss_of, random_array, reference, tiled)
 
-HIGHEST = lax.Precision.HIGHEST
 TARGETS = {"cpu": "tiled_matmul_cpu", "cuda": "tiled_matmul_cuda"}
-
-
-def tiled(a, b):
-    return jax_tiled.matmul(a, b, precision=HIGHEST)
-
-
-def reference(a, b):
-    return jnp.matmul(a, b, precision=HIGHEST)
 
 
 def make_mesh(platform, shape, names, axis_type=AxisType.Auto):
@@ -145,9 +135,7 @@ def test_primitive_transpose_flags_each_factor_split(rng, transpose_a, transpose
     a_np, a = operand(("batch", "k", "m") if transpose_a else ("batch", "m", "k"),
                       1 if factor == "broadcast_batch" else size["batch"])
     b_np, b = operand(("batch", "n", "k") if transpose_b else ("batch", "k", "n"), size["batch"])
-    prim = jax.jit(lambda a, b: jax_tiled.tiled_matmul_p.bind(
-        a, b, transpose_a=transpose_a, transpose_b=transpose_b,
-        out_dtype=np.dtype(np.float32), precision=HIGHEST, kernel="auto"))
+    prim = jax.jit(lambda a, b: bind_product(a, b, transpose_a, transpose_b, precision=HIGHEST))
     out = prim(a, b)
     stored = lambda x, transposed: np.swapaxes(x, 1, 2) if transposed else x
     assert_matmul_close(out, stored(a_np, transpose_a), stored(b_np, transpose_b),
@@ -252,9 +240,7 @@ def test_shard_map_over_some_mesh_axes(rng):
 def test_primitive_rejects_operands_varying_over_different_axes():
     mesh = make_mesh("cpu", (4,), ("x",))
     a, b = jnp.ones((4, 8, 16)), jnp.ones((1, 16, 12))
-    bind = lambda a, b: jax_tiled.tiled_matmul_p.bind(
-        a, b, transpose_a=False, transpose_b=False, out_dtype=np.dtype(np.float32),
-        precision=HIGHEST, kernel="auto")
+    bind = lambda a, b: bind_product(a, b, precision=HIGHEST)
     f = jax.shard_map(bind, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
     with pytest.raises(TypeError, match=r"vary over different manual mesh axes.*pcast"):
         jax.jit(f)(a, b)

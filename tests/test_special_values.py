@@ -28,7 +28,7 @@ import jax_tiled
 from jax_tiled._matmul import canonical_precision
 from jax_tiled._primitive import tiled_matmul
 
-from conftest import EPS, accumulation_rounding, input_rounding, kernels_on, x64
+from helpers import EPS, accumulation_rounding, input_rounding, kernels_on, x64
 
 F32, BF16, F16, F64 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float16, np.float64))
 

@@ -1,14 +1,13 @@
-"""The tensor-core rungs, "mma" (mma.sync, sm_80+) and "wgmma" (Hopper TMA +
-wgmma), on 16-bit inputs (float32 on them, as TF32, is test_tf32.py's), on
-shapes both can run: every contiguous axis a multiple of 8 elements (16 bytes),
-as the copy engine needs, with M, N and K off the tile sizes (mma 128 x 128 x 32
-and 64 x 64; wgmma 128 x 256 or 128 x 128, 64 deep). Shapes the copy engine
-cannot read run on "mma" under "auto", and forcing "wgmma" on them is refused
-at trace time."""
+"""The tensor-core kernels, "mma" (mma.sync, sm_80+) and "wgmma" (Hopper TMA +
+wgmma), on 16-bit inputs (float32 on them, as TF32, is test_precision.py's;
+their batches, test_matmul.py's), on shapes both can run: every contiguous
+axis a multiple of 8 elements (16 bytes), as the copy engine needs, with M, N
+and K off the tile sizes (mma 128 x 128 x 32 and 64 x 64; wgmma 128 x 256 or
+128 x 128, 64 deep). Shapes the copy engine cannot read run on "mma" under
+"auto", and forcing "wgmma" on them is refused at trace time. What the
+tensor-core kernels refuse (true fp32, float64 results) is checked here too."""
 
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -17,14 +16,14 @@ import pytest
 
 import jax_tiled
 from jax_tiled import _ffi
-from conftest import assert_matmul_close, random_array
+from helpers import (F32, LAYOUTS, TENSOR_CORE_KERNELS, assert_matmul_close, bind_product,
+                     operands, random_array, relative_norm_error, tensor_core_kernels)
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
 
 SIXTEEN_BIT = [jnp.bfloat16, jnp.float16]
-# The error class of the issue: relative Frobenius norm against float64.
+# The error class of 16-bit products: relative Frobenius norm against float64.
 NORM_ERROR = {np.dtype(jnp.bfloat16): 1e-2, np.dtype(jnp.float16): 2e-3}
-TENSOR_CORE_RUNGS = ("mma", "wgmma")
 
 # (m, n, k): one element short of, at, and past the tile edges; K past one
 # 64-deep slab; a single partial tile; a batch of tiles per SM.
@@ -32,38 +31,15 @@ ALIGNED_SHAPES = [(8, 8, 8), (136, 264, 72), (128, 256, 64), (120, 248, 56), (20
                   (1000, 800, 1208)]
 
 
-def rungs(dtype, out_dtype=None) -> list[str]:
-    names = [k for k in jax_tiled.kernels("gpu", dtype, out_dtype) if k in TENSOR_CORE_RUNGS]
+def kernels(dtype, out_dtype=None) -> list[str]:
+    """"auto" and the tensor-core kernels listed for dtype -> out_dtype: both on
+    a Hopper GPU, "mma" on others."""
+    names = [k for k in jax_tiled.kernels("gpu", dtype, out_dtype) if k in TENSOR_CORE_KERNELS]
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
-        assert names == list(TENSOR_CORE_RUNGS), names
+        assert names == list(TENSOR_CORE_KERNELS), names
     else:
         assert names == ["mma"], names
     return ["auto", *names]
-
-
-@pytest.fixture(autouse=True)
-def _on_gpu():
-    with jax.default_device(jax.devices("cuda")[0]):
-        yield
-
-
-def product(a, b, ta, tb, out_dtype, kernel):
-    return jax_tiled.tiled_matmul_p.bind(
-        jnp.asarray(a), jnp.asarray(b), transpose_a=ta, transpose_b=tb,
-        out_dtype=np.dtype(out_dtype), precision=jax.lax.Precision.DEFAULT, kernel=kernel)
-
-
-def operands(rng, m, n, k, ta, tb, dtype, batch_a=1, batch_b=1, integers=False):
-    a = random_array(rng, (batch_a, k, m) if ta else (batch_a, m, k), dtype, integers=integers)
-    b = random_array(rng, (batch_b, n, k) if tb else (batch_b, k, n), dtype, integers=integers)
-    a_op = np.swapaxes(a, 1, 2) if ta else a
-    b_op = np.swapaxes(b, 1, 2) if tb else b
-    return a, b, a_op, b_op
-
-
-def relative_norm_error(out, a_op, b_op) -> float:
-    ref = np.matmul(np.asarray(a_op, np.float64), np.asarray(b_op, np.float64))
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=lambda d: np.dtype(d).name)
@@ -72,34 +48,23 @@ def relative_norm_error(out, a_op, b_op) -> float:
 def test_every_layout_against_float64(rng, dtype, out_kind, shape):
     m, n, k = shape
     out_dtype = np.float32 if out_kind == "float32" else dtype
-    for ta, tb in itertools.product((False, True), repeat=2):
+    for ta, tb in LAYOUTS:
         a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, dtype)
-        for kernel in rungs(dtype, out_dtype):
-            out = product(a, b, ta, tb, out_dtype, kernel)
+        for kernel in kernels(dtype, out_dtype):
+            out = bind_product(a, b, ta, tb, kernel=kernel, out_dtype=out_dtype)
             assert_matmul_close(out, a_op, b_op, platform="cuda", out_dtype=out_dtype)
             assert relative_norm_error(out, a_op, b_op) <= NORM_ERROR[np.dtype(dtype)]
-
-
-@pytest.mark.parametrize("batch_a,batch_b", [(3, 3), (1, 3), (3, 1)], ids=str)
-def test_batches_and_broadcast_batches(rng, batch_a, batch_b):
-    for ta, tb in itertools.product((False, True), repeat=2):
-        a, b, a_op, b_op = operands(rng, 72, 136, 200, ta, tb, jnp.bfloat16, batch_a, batch_b)
-        for kernel in rungs(jnp.bfloat16):
-            out = product(a, b, ta, tb, jnp.bfloat16, kernel)
-            assert out.shape == (3, 72, 136)
-            assert_matmul_close(out, np.broadcast_to(a_op, (3, 72, 200)),
-                                np.broadcast_to(b_op, (3, 200, 136)), platform="cuda")
 
 
 @pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=lambda d: np.dtype(d).name)
 def test_bit_exact_on_small_integers(rng, dtype):
     """Integers in [-8, 8], K = 512: every partial sum is exact in float32,
     whatever order or grouping the tensor cores add in."""
-    for ta, tb in itertools.product((False, True), repeat=2):
+    for ta, tb in LAYOUTS:
         a, b, a_op, b_op = operands(rng, 136, 264, 512, ta, tb, dtype, 2, 2, integers=True)
         ref = np.matmul(a_op.astype(np.float64), b_op.astype(np.float64))
-        for kernel in rungs(dtype, np.float32):
-            out = product(a, b, ta, tb, np.float32, kernel)
+        for kernel in kernels(dtype, np.float32):
+            out = bind_product(a, b, ta, tb, kernel=kernel, out_dtype=np.float32)
             np.testing.assert_array_equal(np.asarray(out, np.float64), ref)
 
 
@@ -107,12 +72,12 @@ def test_bit_exact_on_small_integers(rng, dtype):
 def test_error_class_at_depth(rng, dtype):
     """K = 8192 in 16-bit output: rounding of the result dominates, not accumulation."""
     a, b, a_op, b_op = operands(rng, 256, 512, 8192, False, False, dtype)
-    for kernel in rungs(dtype):
-        error = relative_norm_error(product(a, b, False, False, dtype, kernel), a_op, b_op)
+    for kernel in kernels(dtype):
+        error = relative_norm_error(bind_product(a, b, kernel=kernel), a_op, b_op)
         assert error <= NORM_ERROR[np.dtype(dtype)], (kernel, error)
 
 
-def test_jit_grad_vmap_through_every_rung(rng):
+def test_jit_grad_vmap_through_every_kernel(rng):
     """The VJP's products are the transposed layouts; vmap adds a batch."""
     a = random_array(rng, (4, 64, 136), jnp.bfloat16)
     b = random_array(rng, (136, 72), jnp.bfloat16)
@@ -123,7 +88,7 @@ def test_jit_grad_vmap_through_every_rung(rng):
     reference = lambda a, b: jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32),
                                         precision="highest")
     want = jax.grad(loss(reference), (0, 1))(a, b)
-    for kernel in rungs(jnp.bfloat16):
+    for kernel in kernels(jnp.bfloat16):
         mm = lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
                                            kernel=kernel)
         got = jax.jit(jax.grad(loss(mm), (0, 1)))(a, b)
@@ -163,13 +128,25 @@ def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):
                                        precision=np.int32(0), kernel="wgmma"))
 
 
-def test_tensor_core_rungs_refuse_true_fp32_and_float64_results():
-    """float32 runs on them as TF32 or 3xTF32 (test_tf32.py); the true fp32
-    arithmetic of precision HIGHEST, and float64 results, they refuse."""
-    a = jnp.ones((64, 64), jnp.float32)
-    for kernel in rungs(np.float32)[1:]:
-        with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*HIGHEST"):
-            jax_tiled.matmul(a, a, kernel=kernel, precision="highest")
+def test_tensor_core_kernels_refuse_true_fp32_and_float64_results(rng):
+    """float32 runs on them as TF32 or 3xTF32 (test_precision.py); the true fp32
+    arithmetic of precision HIGHEST, and float64 results, they refuse: through
+    matmul, under jit, on the primitive and in explain."""
+    a = random_array(rng, (64, 64), F32)
+    assert kernels(np.float32)[1:] == tensor_core_kernels()
+    for kernel in tensor_core_kernels():
+        for call in (jax_tiled.matmul, jax.jit(jax_tiled.matmul, static_argnames=("precision",
+                                                                                  "kernel"))):
+            with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*fp32.*HIGHEST"):
+                call(a, a, precision="highest", kernel=kernel)
+        with pytest.raises(ValueError, match="HIGHEST"):
+            bind_product(a[None], a[None], precision="highest", kernel=kernel)
+        with pytest.raises(ValueError, match="HIGHEST"):
+            jax_tiled.explain(a, a, precision="highest", kernel=kernel)
         with jax.enable_x64(True):
             with pytest.raises(TypeError, match=f"kernel '{kernel}'.*float32 -> float64"):
                 jax_tiled.matmul(a, a, kernel=kernel, preferred_element_type=jnp.float64)
+        # 16-bit inputs: precision changes nothing.
+        a16 = a.astype(jnp.bfloat16)
+        assert_matmul_close(jax_tiled.matmul(a16, a16, precision="highest", kernel=kernel), a16,
+                            a16, platform="cuda")

@@ -3,40 +3,15 @@ combination, and proof that every product in them runs on this package's kernels
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 from jax.test_util import check_grads
 
 import jax_tiled
-from conftest import assert_matmul_close, kernels_on, random_array, x64
-
-HIGHEST = lax.Precision.HIGHEST
-
-
-def tiled(a, b, kernel="auto"):
-    return jax_tiled.matmul(a, b, precision=HIGHEST, kernel=kernel)
-
-
-def reference(a, b):
-    return jnp.matmul(a, b, precision=HIGHEST)
-
-
-def loss_of(matmul):
-    # Nonlinear, so that second derivatives are not trivially zero.
-    return lambda a, b: jnp.sum(jnp.sin(matmul(a, b)))
-
-
-def assert_trees_close(x, y, rtol=2e-5):
-    for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
-        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
-        assert u.shape == v.shape
-        np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * max(1.0, np.abs(v).max(initial=0)))
-
+from helpers import (FORBIDDEN, HIGHEST, assert_matmul_close, assert_trees_close, bind_product,
+                     kernels_on, loss_of, random_array, reference, tiled, x64)
 
 GRAD_SHAPES = [
     ((7, 13), (13, 5)),
@@ -113,9 +88,7 @@ def test_vmap_of_batched_primitive(platform, rng):
     for a_batch, b_batch in [(1, 4), (4, 1), (4, 4), (1, 1)]:
         a = random_array(rng, (3, a_batch, 6, 5), np.float32)
         b = random_array(rng, (b_batch, 5, 7), np.float32)
-        prim = lambda a, b: jax_tiled.tiled_matmul_p.bind(
-            a, b, transpose_a=False, transpose_b=False, out_dtype=np.dtype(np.float32),
-            precision=HIGHEST, kernel="auto")
+        prim = lambda a, b: bind_product(a, b, precision=HIGHEST)
         out = jax.vmap(prim, in_axes=(0, None))(a, b)
         assert_matmul_close(out, a, np.broadcast_to(b, (3, *b.shape)), platform=platform,
                             precision="highest")
@@ -144,9 +117,6 @@ def test_grad_with_16bit_inputs_and_float32_output(platform, rng):
 
 
 # ---- Every product runs on this package's kernels ----
-
-FORBIDDEN = re.compile(r"\b(dot_general|transpose)\[")
-
 
 def _jaxprs(a, b):
     da, db = jnp.ones_like(a), jnp.ones_like(b)

@@ -2,9 +2,9 @@
 # One call on the lent GPU machine: build, full test suite with the GPU
 # required, compute-sanitizer on small odd shapes (plus the planted race), and
 # the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
-#   usage: [STEPS="tests sanitize bench"] [RUNGS="warptile pipelined"] \
+#   usage: [STEPS="tests sanitize bench"] [KERNELS="warptile pipelined"] \
 #          [TESTS="tests/test_tensor_cores.py"] tools/device_check.sh [bench args...]
-# RUNGS limits the sanitizer runs (default: every CUDA rung); TESTS the
+# KERNELS limits the sanitizer runs (default: every CUDA kernel); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
@@ -21,8 +21,7 @@ if ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; th
 fi
 note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 
-cd /tmp  # import the installed package, not the source tree
-repo=$OLDPWD
+repo=$PWD  # with the src/ layout, Python here imports the installed package
 
 if [[ " $steps " == *" tests "* ]]; then
   test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
@@ -34,15 +33,15 @@ fi
 if [[ " $steps " == *" sanitize "* ]]; then
   export XLA_PYTHON_CLIENT_ALLOCATOR=platform
   for tool in memcheck racecheck synccheck initcheck; do
-    for rung in ${RUNGS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
+    for kernel in ${KERNELS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
       extra=(); [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
       timeout 600 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 1 \
-        python3 "$repo/tests/sanitizer_cases.py" $rung >"$OUT/san_${tool}_$rung.log" 2>&1
-      note "compute-sanitizer $tool $rung: rc=$? :: $(grep -E 'ERROR SUMMARY|products correct' "$OUT/san_${tool}_$rung.log" | tr '\n' ' ')"
+        python3 "$repo/tests/scripts/sanitizer_cases.py" $kernel >"$OUT/san_${tool}_$kernel.log" 2>&1
+      note "compute-sanitizer $tool $kernel: rc=$? :: $(grep -E 'ERROR SUMMARY|products correct' "$OUT/san_${tool}_$kernel.log" | tr '\n' ' ')"
     done
   done
   timeout 600 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
-    python3 "$repo/tests/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
+    python3 "$repo/tests/scripts/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
   note "racecheck on the planted race (must be non-zero): rc=$? :: $(grep -E 'ERROR SUMMARY|hazard' "$OUT/san_racecheck_planted.log" | head -3 | tr '\n' ' ')"
   unset XLA_PYTHON_CLIENT_ALLOCATOR
 fi

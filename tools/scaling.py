@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_tiled
+from jax_tiled.bench.timing import pipelined_samples
 
 LAYOUTS = {"M-sharded": (P("x", None), P(None, None)), "K-sharded": (P(None, "x"), P("x", None))}
 
@@ -29,14 +29,7 @@ def median_seconds(fn, a, b, repeats: int, calls: int = 10) -> float:
     """Median over samples of `calls` pipelined calls, per call: host dispatch
     and the final synchronisation stay out of the per-product time."""
     jax.block_until_ready(fn(a, b))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outs = [fn(a, b) for _ in range(calls)]
-        jax.block_until_ready(outs)
-        samples.append((time.perf_counter() - start) / calls)
-        del outs
-    return statistics.median(samples)
+    return statistics.median(pipelined_samples(fn, (a, b), calls=calls, repeats=repeats))
 
 
 def main(argv=None) -> int:

@@ -1,12 +1,12 @@
 """Small odd-shaped products for compute-sanitizer (not a pytest module).
 
     XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool racecheck \\
-        --error-exitcode 1 python3 tests/sanitizer_cases.py smem
+        --error-exitcode 1 python3 tests/scripts/sanitizer_cases.py smem
 
-runs the named CUDA rung on every dtype, layout and float32 precision it
+runs the named CUDA kernel on every dtype, layout and float32 precision it
 takes, checking each result against float64 NumPy; one float32 and one bfloat16 product are large
-enough for the rungs' large-block configurations. `--racy` instead runs the planted race (the smem
-rung without its second barrier) through the FFI target directly, since the
+enough for the kernels' large-block configurations. `--racy` instead runs the planted race (the smem
+kernel without its second barrier) through the FFI target directly, since the
 public API refuses that name: racecheck must report it.
 """
 
@@ -24,7 +24,7 @@ from jax import lax
 import jax_tiled
 from jax_tiled import _ffi
 
-# (m, k, n). The odd ones take every rung but the Hopper one, whose copy
+# (m, k, n). The odd ones take every kernel but the Hopper one, whose copy
 # engine needs rows of a multiple of 16 bytes: the aligned ones take it too.
 SHAPES = [(33, 17, 65), (1, 47, 9), (70, 3, 33), (72, 136, 264), (8, 72, 40)]
 LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132 SMs twice
@@ -34,16 +34,16 @@ DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 
 
 def precisions(kernel: str, dtype, problem) -> list:
-    """HIGHEST where the rung takes it (it then computes the same at every
+    """HIGHEST where the kernel takes it (it then computes the same at every
     precision), else float32's TF32 (DEFAULT) and 3xTF32 (HIGH) paths on the
-    tensor-core rungs; none where the rung refuses the problem."""
+    tensor-core kernels; none where the kernel refuses the problem."""
     if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, lax.Precision.HIGHEST):
         return [lax.Precision.HIGHEST]
     return [p for p in (lax.Precision.DEFAULT, lax.Precision.HIGH)
             if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, p)]
 
 
-def run_rung(kernel: str) -> None:
+def run_kernel(kernel: str) -> None:
     rng = np.random.default_rng(0)
     cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES] + [
         (LARGE_SHAPE, np.float32), (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16)]
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--racy", action="store_true")
     args = parser.parse_args(argv)
     assert jax.default_backend() == "gpu", "run this on a CUDA machine"
-    run_racy() if args.racy else run_rung(args.kernel)
+    run_racy() if args.racy else run_kernel(args.kernel)
     return 0
 
 

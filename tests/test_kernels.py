@@ -1,5 +1,7 @@
-"""jax_tiled.explain: what kernel="auto" runs and why, from the same code that
-chooses at run time (the CUDA module answers without a GPU)."""
+"""Which kernels there are and which one runs: `kernels()` by backend, dtype and
+precision; the refusals behind it; and `explain`, what kernel="auto" runs and
+why, from the same code that chooses at run time (the CUDA module answers
+without a GPU)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 import pytest
+from jax import lax
 
 import jax_tiled
 from jax_tiled import _ffi
+from helpers import F32, SIMT_KERNELS, TENSOR_CORE_KERNELS
 
 S = jax.ShapeDtypeStruct
 
@@ -20,7 +24,7 @@ needs_cuda_module = pytest.mark.skipif(not _ffi.cuda_module_built(),
 def test_cpu():
     text = jax_tiled.explain(jnp.ones((3, 4, 5)), jnp.ones((5, 6)), backend="cpu")
     assert text.startswith("cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32")
-    assert text.endswith("blocked: the cache-blocked CPU kernel, the only CPU rung")
+    assert text.endswith("blocked: the cache-blocked CPU kernel, the only CPU kernel")
 
 
 def test_forced_kernel_and_promotion():
@@ -57,7 +61,7 @@ def test_bad_input_raises_like_matmul():
     ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
 ], ids=str)
 def test_cuda_auto_by_shape(a, b, expected):
-    """float32 at HIGHEST: true fp32, on the SIMT rungs."""
+    """float32 at HIGHEST: true fp32, on the SIMT kernels."""
     assert expected in jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32),
                                          precision="highest", backend="gpu")
 
@@ -122,19 +126,16 @@ def test_refusal_names_the_kernel_and_dtypes():
         "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd)
 
 
-TENSOR_CORE_RUNGS = ("mma", "wgmma")
-SIMT_RUNGS = ("regblock", "warptile", "pipelined", "smem", "smem16")
-
-
-def _tensor_core_rungs() -> tuple[str, ...]:
-    return TENSOR_CORE_RUNGS if _ffi.cuda_compute_capability() == _ffi.HOPPER else ("mma",)
+def _tensor_core_kernels() -> tuple[str, ...]:
+    """The tensor-core kernels of this GPU (of a Hopper one where none is visible)."""
+    return TENSOR_CORE_KERNELS if _ffi.cuda_compute_capability() == _ffi.HOPPER else ("mma",)
 
 
 @needs_cuda_module
 def test_refusal_float32_by_precision():
-    """The tensor-core rungs take float32 at DEFAULT (TF32) and HIGH (3xTF32),
-    not at HIGHEST (true fp32); the SIMT rungs take it at every precision."""
-    for kernel in _tensor_core_rungs():
+    """The tensor-core kernels take float32 at DEFAULT (TF32) and HIGH (3xTF32),
+    not at HIGHEST (true fp32); the SIMT kernels take it at every precision."""
+    for kernel in _tensor_core_kernels():
         for precision in ("default", "high", jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH):
             assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
                                 precision=precision) == "", (kernel, precision)
@@ -144,7 +145,7 @@ def test_refusal_float32_by_precision():
             assert f"kernel '{kernel}'" in why and "HIGHEST" in why and "fp32" in why, why
         # 16-bit inputs: precision changes nothing.
         assert _ffi.refusal("cuda", kernel, jnp.bfloat16, jnp.bfloat16, precision="highest") == ""
-    for kernel in SIMT_RUNGS:
+    for kernel in SIMT_KERNELS:
         for precision in ("default", "high", "highest"):
             assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
                                 precision=precision) == "", (kernel, precision)
@@ -174,28 +175,68 @@ def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)],
                          ids=str)
 def test_cuda_auto_float32_by_precision(shape):
-    """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT rung; the
+    """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT kernel; the
     head names the precision either way."""
     m, k, n = shape
     a, b = S((m, k), jnp.float32), S((k, n), jnp.float32)
     for precision in ("default", "high", "highest"):
         text = jax_tiled.explain(a, b, precision=precision, backend="gpu")
-        _, head, rung = text.split(": ")[:3]
+        _, head, kernel = text.split(": ")[:3]
         assert head.endswith(f"precision {precision.upper()}"), text
-        expected = SIMT_RUNGS if precision == "highest" else _tensor_core_rungs()
-        assert rung in expected, text
+        expected = SIMT_KERNELS if precision == "highest" else _tensor_core_kernels()
+        assert kernel in expected, text
     with jax.default_matmul_precision("float32"):
         text = jax_tiled.explain(a, b, backend="gpu")
-    assert "precision HIGHEST" in text and text.split(": ")[2] in SIMT_RUNGS, text
+    assert "precision HIGHEST" in text and text.split(": ")[2] in SIMT_KERNELS, text
 
 
 @needs_cuda_module
-def test_forced_tensor_core_rung_at_highest_raises():
-    """explain checks a forced rung as matmul does: float32 at HIGHEST on a
-    tensor-core rung is a ValueError naming the precision."""
+def test_forced_tensor_core_kernel_at_highest_raises():
+    """explain checks a forced kernel as matmul does: float32 at HIGHEST on a
+    tensor-core kernel is a ValueError naming the precision."""
     a = S((256, 256), jnp.float32)
-    for kernel in _tensor_core_rungs():
+    for kernel in _tensor_core_kernels():
         text = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")
         assert text.endswith(f"{kernel}: forced by kernel={kernel!r}")
         with pytest.raises(ValueError, match="(?s)HIGHEST.*precision HIGHEST"):
             jax_tiled.explain(a, a, kernel=kernel, precision="highest", backend="gpu")
+
+
+# ---- kernels(): what is listed ----
+
+def test_kernels_lists_the_cpu_kernel():
+    assert jax_tiled.kernels("cpu") == ["blocked"]
+
+
+@pytest.mark.parametrize("precision", [None, "default", "high", "highest", "bfloat16",
+                                       "tensorfloat32", "float32", lax.Precision.HIGH,
+                                       ("default", "highest")], ids=str)
+def test_cpu_listing_by_precision(precision):
+    assert jax_tiled.kernels("cpu", F32, precision=precision) == ["blocked"]
+    assert jax_tiled.kernels("cpu", jnp.bfloat16, F32, precision) == ["blocked"]
+
+
+@pytest.mark.gpu
+def test_cuda_listing_by_dtype_and_precision():
+    names = jax_tiled.kernels("gpu")
+    assert {"smem", "smem16", "regblock", "warptile", "pipelined", "mma"} <= set(names)
+    assert "smem_racy_for_testing" not in names
+    assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
+    assert "mma" not in jax_tiled.kernels("gpu", jnp.float32, jnp.float64)
+    for precision in ("default", "high", "highest"):  # 16-bit: precision changes nothing
+        assert "mma" in jax_tiled.kernels("gpu", jnp.bfloat16, precision=precision)
+    # float32 runs on the tensor cores as TF32 (DEFAULT) or 3xTF32 (HIGH), never
+    # as the true fp32 that HIGHEST asks for.
+    default = jax_tiled.kernels("gpu", F32)
+    assert "mma" in default and default == jax_tiled.kernels("gpu", F32, precision="default")
+    assert "mma" in jax_tiled.kernels("gpu", F32, precision="high")
+    assert "mma" in jax_tiled.kernels("gpu", F32, precision=lax.Precision.HIGH)
+    highest = set(jax_tiled.kernels("gpu", F32, precision="highest"))
+    assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= highest
+    for out_dtype in (jnp.bfloat16, jnp.float16, np.float32):
+        highest = jax_tiled.kernels("gpu", F32, out_dtype, precision="highest")
+        assert not set(TENSOR_CORE_KERNELS) & set(highest), highest
+        assert "warptile" in highest
+        assert "mma" in jax_tiled.kernels("gpu", F32, out_dtype, precision="tensorfloat32")
+    with jax.default_matmul_precision("float32"):  # precision=None honours it
+        assert not set(TENSOR_CORE_KERNELS) & set(jax_tiled.kernels("gpu", F32))

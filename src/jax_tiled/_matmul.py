@@ -29,13 +29,13 @@ def _backend_platform(backend: str | None) -> str:
 
 
 def kernels(backend: str | None = None, dtype=None, out_dtype=None, precision=None) -> list[str]:
-    """Kernel rungs built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
+    """Kernels built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
     jax's default backend). Any of them can be forced with `matmul(..., kernel=)`.
 
-    With `dtype` (the operands', after promotion), only the rungs that compute
+    With `dtype` (the operands', after promotion), only the kernels that compute
     that dtype into `out_dtype` (default: the same) at `precision`, which takes
     what `matmul` takes (default None: the product's default, which honours
-    `jax.default_matmul_precision`). On CUDA, the tensor-core rungs take float32
+    `jax.default_matmul_precision`). On CUDA, the tensor-core kernels take float32
     at DEFAULT (TF32) and HIGH (3xTF32) but not at HIGHEST (true fp32)."""
     platform = _backend_platform(backend)
     precision = canonical_precision(precision)
@@ -179,7 +179,7 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
         fp32. Other dtypes are computed the same at every setting.
       preferred_element_type: output dtype (default: the promoted input dtype).
         Accumulation is float32, or float64 for float64.
-      kernel: "auto", or a rung from `jax_tiled.kernels()` to force it.
+      kernel: "auto", or a kernel from `jax_tiled.kernels()` to force it.
     """
     a3, b3, plan = _canonicalize(a, b, precision, preferred_element_type, kernel)
     out = tiled_matmul(a3, b3, out_dtype=plan.out_dtype, precision=plan.precision,
@@ -216,7 +216,7 @@ def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
                           plan.precision)
         return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
     if platform == "cpu":
-        return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU rung"
+        return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU kernel"
     if platform == "cuda" and _ffi.cuda_module_built():
         try:
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132

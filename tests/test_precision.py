@@ -1,14 +1,17 @@
-"""float32 by precision (issue 6). On CUDA, DEFAULT runs on TF32 tensor cores
-(one pass, error class ~1e-3), HIGH in 3xTF32 split arithmetic (within 2x of
-true fp32's error), HIGHEST in true fp32 on the SIMT rungs; the tensor-core
-rungs "mma" and "wgmma" refuse HIGHEST, and "wgmma" refuses float32 with both
+"""float32 by precision. On CUDA, DEFAULT runs on TF32 tensor cores (one pass,
+error class ~1e-3), HIGH in 3xTF32 split arithmetic (within 2x of true fp32's
+error), HIGHEST in true fp32 on the SIMT kernels; the tensor-core kernels
+"mma" and "wgmma" refuse HIGHEST, and "wgmma" refuses float32 with both
 operands MN-major (transpose_a without transpose_b). On CPU every precision is
 exact fp32. Tests taking the `platform` fixture check both: on CPU that every
-precision gives the same fp32 result, on CUDA the error class of each."""
+precision gives the same fp32 result, on CUDA the error class of each.
+
+Also: how a product's precision is chosen (the argument, a pair, and
+`jax.default_matmul_precision`) and that it reaches every product under
+transformations. Tile edges, zero sizes and batches at DEFAULT and HIGH are
+test_matmul.py's; the tensor-core kernels' refusals, test_tensor_cores.py's."""
 
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -18,18 +21,16 @@ from jax import lax
 
 import jax_tiled
 from jax_tiled import _ffi
-from conftest import assert_matmul_close, kernels_on, matmul_problem, random_array
+from helpers import (F32, LAYOUTS, SIMT_KERNELS, assert_matmul_close, bind_product, kernels_on,
+                     matmul_problem, operands, random_array, relative_norm_error,
+                     tensor_core_kernels, tensor_kernels_on)
 
-F32 = np.dtype(np.float32)
-TENSOR_CORE_RUNGS = ("mma", "wgmma")
-SIMT_RUNGS = ("regblock", "warptile", "pipelined", "smem", "smem16")
-# The true-fp32 rung whose error HIGH is held to, per platform.
-FP32_RUNG = {"cpu": "blocked", "cuda": "warptile"}
-LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
+# The true-fp32 kernel whose error HIGH is held to, per platform.
+FP32_KERNEL = {"cpu": "blocked", "cuda": "warptile"}
 TF32_PRECISIONS = (lax.Precision.DEFAULT, lax.Precision.HIGH)
 
 # (m, n, k): K from one slab to deep; in each pair one shape whose rows are all
-# multiples of 16 bytes (the Hopper rung's copy engine reads them) and one odd.
+# multiples of 16 bytes (the Hopper kernel's copy engine reads them) and one odd.
 SHAPES = [(136, 264, 64), (257, 129, 64), (200, 136, 1000), (131, 299, 1000),
           (256, 128, 4096), (129, 257, 4096)]
 
@@ -42,71 +43,27 @@ def fp32_norm_error(k: int) -> float:
     return 1e-6 * max(1.0, np.sqrt(k / 1024))
 
 
-def operands(rng, m, n, k, ta, tb, batch_a=1, batch_b=1):
-    """Stored a and b of a canonical problem, and op(a), op(b) for the reference."""
-    a = random_array(rng, (batch_a, k, m) if ta else (batch_a, m, k), F32)
-    b = random_array(rng, (batch_b, n, k) if tb else (batch_b, k, n), F32)
-    return a, b, np.swapaxes(a, 1, 2) if ta else a, np.swapaxes(b, 1, 2) if tb else b
-
-
-def product(a, b, ta, tb, precision, kernel, out_dtype=F32):
-    return jax_tiled.tiled_matmul_p.bind(
-        jnp.asarray(a), jnp.asarray(b), transpose_a=ta, transpose_b=tb,
-        out_dtype=np.dtype(out_dtype), precision=lax.Precision(precision), kernel=kernel)
-
-
-def norm_error(out, a_op, b_op) -> float:
-    ref = np.matmul(np.asarray(a_op, np.float64), np.asarray(b_op, np.float64))
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
-
-
-def tensor_core_rungs(problem=None, precision=lax.Precision.DEFAULT, out_dtype=F32) -> list[str]:
-    """The tensor-core rungs listed for float32 on this GPU that take `problem`'s layout."""
-    listed = jax_tiled.kernels("gpu", F32, out_dtype, precision)
-    names = [k for k in TENSOR_CORE_RUNGS if k in listed]
-    if lax.Precision(precision) != lax.Precision.HIGHEST:
-        assert "mma" in names, listed  # sm_80+: every GPU this package builds for
-    if problem is not None:
-        names = [k for k in names
-                 if not _ffi.refusal("cuda", k, F32, out_dtype, problem, precision)]
-    return names
-
-
-def rungs_under_test(platform, problem, precision) -> list[str]:
-    """'auto' and the rungs that run float32 at DEFAULT or HIGH differently
-    from HIGHEST: on CUDA the tensor-core rungs, on CPU the one CPU rung."""
-    if platform == "cpu":
-        return ["auto", "blocked"]
-    return ["auto", *tensor_core_rungs(problem, precision)]
-
-
-@pytest.fixture
-def on_gpu():
-    with jax.default_device(jax.devices("cuda")[0]):
-        yield
-
-
 # ---- Error class by precision ----
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_error_class_by_precision_every_layout(platform, rng, shape):
     """DEFAULT: TF32 class, and at least 10x true fp32's error (so the TF32 path
-    ran, not a silent fp32 one); HIGH: within 2x of true fp32's error (the
-    issue's criterion). On CPU both are true fp32, bit for bit. Every rung and
+    ran, not a silent fp32 one); HIGH: within 2x of true fp32's error (what
+    3xTF32 promises). On CPU both are true fp32, bit for bit. Every kernel and
     layout is measured before the test fails, and the failure lists them all."""
     m, n, k = shape
     off = []
     for ta, tb in LAYOUTS:
         a, b, a_op, b_op = operands(rng, m, n, k, ta, tb)
         problem = (1, 1, m, n, k, ta, tb)
-        exact = product(a, b, ta, tb, "highest", FP32_RUNG[platform])
-        fp32 = norm_error(exact, a_op, b_op)
+        exact = bind_product(a, b, ta, tb, precision="highest", kernel=FP32_KERNEL[platform])
+        fp32 = relative_norm_error(exact, a_op, b_op)
         assert 0 < fp32 <= fp32_norm_error(k), (ta, tb, fp32)
         for precision in TF32_PRECISIONS:
-            for kernel in rungs_under_test(platform, problem, precision):
-                out = product(a, b, ta, tb, precision, kernel)
+            for kernel in tensor_kernels_on(platform, problem, precision):
+                out = bind_product(a, b, ta, tb, precision=precision, kernel=kernel)
                 assert_matmul_close(out, a_op, b_op, platform=platform, precision=precision)
-                error = norm_error(out, a_op, b_op)
+                error = relative_norm_error(out, a_op, b_op)
                 if platform == "cpu":
                     np.testing.assert_array_equal(np.asarray(out), np.asarray(exact))
                     continue
@@ -121,27 +78,48 @@ def test_error_class_by_precision_every_layout(platform, rng, shape):
 
 
 @pytest.mark.gpu
-def test_highest_through_auto_runs_true_fp32_on_a_simt_rung(rng, on_gpu):
+def test_highest_through_auto_runs_true_fp32_on_a_simt_kernel(rng, on_gpu):
     for m, n, k in SHAPES:
         a = random_array(rng, (m, k), F32)
         b = random_array(rng, (k, n), F32)
         text = jax_tiled.explain(a, b, precision="highest")
-        assert text.split(": ")[2] in SIMT_RUNGS, text
+        assert text.split(": ")[2] in SIMT_KERNELS, text
         out = jax_tiled.matmul(a, b, precision="highest")
         assert_matmul_close(out, a, b, platform="cuda", precision="highest")
-        fp32 = norm_error(jax_tiled.matmul(a, b, precision="highest", kernel="warptile"), a, b)
-        assert norm_error(out, a, b) <= max(2 * fp32, fp32_norm_error(k) / 4), (m, n, k)
+        fp32 = relative_norm_error(jax_tiled.matmul(a, b, precision="highest", kernel="warptile"), a, b)
+        assert relative_norm_error(out, a, b) <= max(2 * fp32, fp32_norm_error(k) / 4), (m, n, k)
 
 
 @pytest.mark.gpu
-def test_explain_names_a_tensor_core_rung_for_default_and_high(on_gpu):
+def test_explain_names_a_tensor_core_kernel_for_default_and_high(on_gpu):
     a, b = jax.ShapeDtypeStruct((1000, 800), F32), jax.ShapeDtypeStruct((800, 1200), F32)
     for precision in ("default", "high", "bfloat16", "tensorfloat32"):
         text = jax_tiled.explain(a, b, precision=precision)
-        assert text.split(": ")[2] in tensor_core_rungs(precision=precision), text
+        assert text.split(": ")[2] in tensor_core_kernels(precision=precision), text
 
 
-# ---- jax.default_matmul_precision ----
+# ---- How a product's precision is chosen ----
+
+def _precision_of(fn, *args):
+    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive is jax_tiled.tiled_matmul_p]
+    return eqn.params["precision"]
+
+
+def test_precision_arguments_reach_the_primitive(rng):
+    """None (without a setting: DEFAULT), a setting, a pair (the more precise
+    wins) and an explicit value, as the bound primitive's param."""
+    a = random_array(rng, (4, 8), np.float32)
+    b = random_array(rng, (8, 3), np.float32)
+    assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.DEFAULT
+    with jax.default_matmul_precision("float32"):
+        assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.HIGHEST
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert _precision_of(jax_tiled.matmul, a, b) == lax.Precision.HIGH
+    pair = lambda a, b: jax_tiled.matmul(a, b, precision=("default", "high"))
+    assert _precision_of(pair, a, b) == lax.Precision.HIGH
+    explicit = lambda a, b: jax_tiled.matmul(a, b, precision=lax.Precision.HIGHEST)
+    assert _precision_of(explicit, a, b) == lax.Precision.HIGHEST
+
 
 @pytest.mark.parametrize("setting,explicit", [("bfloat16", "default"), ("tensorfloat32", "high"),
                                               ("float32", "highest")])
@@ -169,9 +147,9 @@ def test_default_matmul_precision_is_honoured(platform, rng, setting, explicit):
 
 
 @pytest.mark.gpu
-def test_forcing_a_tensor_core_rung_under_float32_setting_raises(rng, on_gpu):
+def test_forcing_a_tensor_core_kernel_under_float32_setting_raises(rng, on_gpu):
     a = random_array(rng, (64, 64), F32)
-    for kernel in tensor_core_rungs():
+    for kernel in tensor_core_kernels():
         with jax.default_matmul_precision("float32"):
             with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*HIGHEST"):
                 jax_tiled.matmul(a, a, kernel=kernel)
@@ -180,7 +158,7 @@ def test_forcing_a_tensor_core_rung_under_float32_setting_raises(rng, on_gpu):
                                 precision="high")
 
 
-# ---- Output dtypes, edges, zero sizes, batches ----
+# ---- Every output dtype ----
 
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, np.float32],
                          ids=lambda d: np.dtype(d).name)
@@ -191,66 +169,10 @@ def test_float32_into_every_output_dtype(platform, rng, out_dtype):
         problem = (1, 1, m, n, k, ta, tb)
         for precision in TF32_PRECISIONS:
             for kernel in kernels_on(platform, F32, out_dtype, problem, precision):
-                out = product(a, b, ta, tb, precision, kernel, out_dtype)
+                out = bind_product(a, b, ta, tb, precision=precision, kernel=kernel,
+                                   out_dtype=out_dtype)
                 assert_matmul_close(out, a_op, b_op, platform=platform, precision=precision,
                                     out_dtype=out_dtype)
-
-
-# (m, k, n) off every tile size, K = 1, and single rows and columns.
-EDGE_SHAPES = [(1, 1, 1), (1, 7, 65), (7, 1, 129), (65, 129, 1), (129, 257, 7), (257, 65, 129),
-               (65, 1, 65), (1, 257, 1), (129, 7, 257), (257, 257, 257), (64, 1, 64),
-               (128, 8, 256), (68, 132, 260)]
-
-
-@pytest.mark.parametrize("precision", ["default", "high"])
-def test_edge_shapes(platform, rng, precision):
-    for m, k, n in EDGE_SHAPES:
-        a = random_array(rng, (m, k), F32)
-        b = random_array(rng, (k, n), F32)
-        for kernel in kernels_on(platform, problem=matmul_problem(a, b), precision=precision):
-            out = jax_tiled.matmul(a, b, precision=precision, kernel=kernel)
-            assert_matmul_close(out, a, b, platform=platform, precision=precision)
-
-
-@pytest.mark.parametrize("a_shape,b_shape", [
-    ((0, 5), (5, 7)), ((5, 0), (0, 7)), ((5, 7), (7, 0)), ((2, 0, 4), (1, 4, 5)),
-    ((0, 3, 4), (4, 5)), ((2, 3, 0), (2, 0, 5))], ids=str)
-def test_zero_sizes(platform, rng, a_shape, b_shape):
-    a = random_array(rng, a_shape, F32)
-    b = random_array(rng, b_shape, F32)
-    ref = np.matmul(a, b)
-    for precision in ("default", "high"):
-        for kernel in kernels_on(platform, problem=matmul_problem(a, b), precision=precision):
-            out = jax_tiled.matmul(a, b, precision=precision, kernel=kernel)
-            assert out.shape == ref.shape and out.dtype == F32
-            np.testing.assert_array_equal(out, ref)  # empty, or exact zeros when K == 0
-
-
-@pytest.mark.parametrize("batch_a,batch_b", [(3, 3), (1, 3), (3, 1)], ids=str)
-@pytest.mark.parametrize("shape", [(72, 136, 200), (33, 65, 17)], ids=str)
-def test_batches_and_broadcast_batches(platform, rng, batch_a, batch_b, shape):
-    m, n, k = shape
-    for ta, tb in LAYOUTS:
-        a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, batch_a, batch_b)
-        problem = (batch_a, batch_b, m, n, k, ta, tb)
-        for precision in TF32_PRECISIONS:
-            for kernel in rungs_under_test(platform, problem, precision):
-                out = product(a, b, ta, tb, precision, kernel)
-                assert out.shape == (3, m, n)
-                assert_matmul_close(out, np.broadcast_to(a_op, (3, m, k)),
-                                    np.broadcast_to(b_op, (3, k, n)), platform=platform,
-                                    precision=precision)
-
-
-def test_batched_api_products(platform, rng):
-    """Batches through jnp.matmul's broadcasting, on 'auto'."""
-    for a_shape, b_shape in [((4, 65, 33), (33, 17)), ((2, 1, 40, 24), (3, 24, 36)),
-                             ((65, 33), (2, 33, 17))]:
-        a = random_array(rng, a_shape, F32)
-        b = random_array(rng, b_shape, F32)
-        for precision in ("default", "high"):
-            out = jax_tiled.matmul(a, b, precision=precision)
-            assert_matmul_close(out, a, b, platform=platform, precision=precision)
 
 
 # ---- Transformations keep the precision ----
@@ -320,12 +242,12 @@ TRANSFORM_SHAPES = [((2, 65, 136), (136, 72)), ((65, 136), (2, 136, 72))]
 
 
 def grad_kernels(platform, a, b, precision) -> list[str]:
-    """The rungs under test that take the forward product's layout and its
+    """The kernels under test that take the forward product's layout and its
     VJP's: b's cotangent a^T @ ct (transpose_a) and a's ct @ b^T (transpose_b)."""
     forward = matmul_problem(a, b)
     m, n, k = forward[2:5]
     vjp = [(1, 1, m, k, n, False, True), (1, 1, k, n, m, True, False)]
-    return [kernel for kernel in rungs_under_test(platform, forward, precision)
+    return [kernel for kernel in tensor_kernels_on(platform, forward, precision)
             if not any(_ffi.refusal(platform, kernel, F32, F32, problem, precision)
                        for problem in vjp)]
 
@@ -372,17 +294,17 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
 def test_wgmma_refuses_float32_with_both_operands_mn_major(rng, on_gpu):
     """a^T @ ct, b's cotangent, is that layout: grad of b on a forced 'wgmma'
     is refused, the forward product and a's gradient are not; 'auto' runs it on 'mma'."""
-    if "wgmma" not in tensor_core_rungs():
+    if "wgmma" not in tensor_core_kernels():
         pytest.skip("wgmma needs a Hopper GPU")
     m, n, k = 136, 72, 200
     a, b, a_op, b_op = operands(rng, m, n, k, True, False)
     for precision in TF32_PRECISIONS:
         with pytest.raises(ValueError, match="(?s)wgmma.*K-major.*transpose_a=True"):
-            product(a, b, True, False, precision, "wgmma")
+            bind_product(a, b, True, False, precision=precision, kernel="wgmma")
         explained = _ffi.cuda_explain("float32", "float32", (1, 1, m, n, k, True, False), 132,
                                       precision)
         assert explained.startswith("mma: "), explained
-        assert_matmul_close(product(a, b, True, False, precision, "auto"), a_op, b_op,
+        assert_matmul_close(bind_product(a, b, True, False, precision=precision), a_op, b_op,
                             platform="cuda", precision=precision)
         x = random_array(rng, (m, k), F32)
         w = random_array(rng, (m, n), F32)
@@ -392,46 +314,3 @@ def test_wgmma_refuses_float32_with_both_operands_mn_major(rng, on_gpu):
                             precision=precision)
         with pytest.raises(ValueError, match="wgmma"):
             jax.grad(weighted_sum(mm, w), 1)(x, y)
-
-
-# ---- Refusals and listings ----
-
-@pytest.mark.gpu
-def test_tensor_core_rungs_refuse_highest(rng, on_gpu):
-    a = random_array(rng, (64, 64), F32)
-    for kernel in tensor_core_rungs():
-        for call in (jax_tiled.matmul, jax.jit(jax_tiled.matmul, static_argnames=("precision",
-                                                                                  "kernel"))):
-            with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*fp32.*HIGHEST"):
-                call(a, a, precision="highest", kernel=kernel)
-        with pytest.raises(ValueError, match="HIGHEST"):
-            product(a[None], a[None], False, False, "highest", kernel)
-        with pytest.raises(ValueError, match="HIGHEST"):
-            jax_tiled.explain(a, a, precision="highest", kernel=kernel)
-        # 16-bit inputs: precision changes nothing.
-        a16 = a.astype(jnp.bfloat16)
-        assert_matmul_close(jax_tiled.matmul(a16, a16, precision="highest", kernel=kernel), a16,
-                            a16, platform="cuda")
-
-
-@pytest.mark.gpu
-def test_kernel_listing_by_precision_on_gpu():
-    default = jax_tiled.kernels("gpu", F32)
-    assert "mma" in default and default == jax_tiled.kernels("gpu", F32, precision="default")
-    assert "mma" in jax_tiled.kernels("gpu", F32, precision=lax.Precision.HIGH)
-    for out_dtype in (jnp.bfloat16, jnp.float16, np.float32):
-        highest = jax_tiled.kernels("gpu", F32, out_dtype, precision="highest")
-        assert not set(TENSOR_CORE_RUNGS) & set(highest), highest
-        assert "warptile" in highest
-        assert "mma" in jax_tiled.kernels("gpu", F32, out_dtype, precision="tensorfloat32")
-    for precision in ("default", "high", "highest"):  # 16-bit: precision changes nothing
-        assert "mma" in jax_tiled.kernels("gpu", jnp.bfloat16, precision=precision)
-
-
-@pytest.mark.parametrize("precision", [None, "default", "high", "highest", "bfloat16",
-                                       "tensorfloat32", "float32", lax.Precision.HIGH,
-                                       ("default", "highest")], ids=str)
-def test_kernel_listing_by_precision_on_cpu(precision):
-    assert jax_tiled.kernels("cpu", F32, precision=precision) == ["blocked"]
-    assert jax_tiled.kernels("cpu", jnp.bfloat16, F32, precision) == ["blocked"]
-

@@ -1,16 +1,17 @@
 """Partitioning of `tiled_matmul`: each device runs the kernel on its local blocks.
 
 A bare custom call is opaque to XLA's partitioner, which then gathers every
-sharded operand onto every device (jax-ml/jax#32098). So the primitive lowers
-through `custom_partitioning`:
+sharded operand onto every device (jax-ml/jax#32098). So the lowering
+(`_lowering.py`) wraps its FFI call in `partitioned(call)`, a
+`custom_partitioning` function:
 
 - the Shardy rule names the factors of the canonical product, `b m k, b k n ->
   b m n` permuted by the transpose flags, with K a reduction factor and a
   broadcast (size-1) batch its own factor, so that propagation treats the call
   as it treats `dot_general`;
 - `partition` turns the shardings it is offered into one assignment of mesh axes
-  to the factors batch, M, N, K, and returns the per-device program: the FFI
-  call on local blocks, then, where K is split, a sum over those mesh axes
+  to the factors batch, M, N, K, and returns the per-device program: `call`
+  on local blocks, then, where K is split, a sum over those mesh axes
   (a reduce-scatter where the result is wanted sharded on them; the padded
   tail of a K its axes do not divide is zeroed first);
 - `infer_sharding_from_operands` answers the GSPMD partitioner
@@ -33,17 +34,17 @@ transpose of a product with a replicated weight sums its cotangent, as
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
 
 import jax
 import numpy as np
 from jax import lax
-from jax._src import dispatch
-from jax._src.interpreters import mlir
-from jax._src.lib.mlir import ir
 from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxlib.mlir import ir
+
+from jax_tiled import _compat
 
 FACTORS = ("batch", "m", "n", "k")
 
@@ -103,34 +104,25 @@ def _operand_specs(transpose_a, transpose_b, a_shape, b_shape, assignment):
 
 # ---- Trace time: manual-axis and sharding types ----
 
-def _varying(aval) -> frozenset:
-    """Manual mesh axes a value varies over inside `shard_map` (`aval.vma` before jax 0.10)."""
-    mat = getattr(aval, "mat", None)
-    return mat.varying if mat is not None else getattr(aval, "vma", frozenset())
-
-
 def match_varying(a, b):
     """a and b cast to vary over the same manual axes, as jax's own binary ops are.
     A replicated weight left invariant would make the product's transpose skip
     the sum of the weight's cotangent over the axes the other operand varies on."""
-    both = _varying(jax.typeof(a)) | _varying(jax.typeof(b))
+    both = _compat.varying_axes(jax.typeof(a)) | _compat.varying_axes(jax.typeof(b))
     def cast(x):
-        missing = tuple(sorted(both - _varying(jax.typeof(x))))
-        if not missing:
-            return x
-        if hasattr(lax, "pcast"):
-            return lax.pcast(x, missing, to="varying")
-        return lax.pvary(x, missing)  # jax < 0.8.2
+        missing = tuple(sorted(both - _compat.varying_axes(jax.typeof(x))))
+        return _compat.cast_to_varying(x, missing) if missing else x
     return cast(a), cast(b)
 
 
 def result_aval(a, b, shape, dtype, transpose_a: bool, transpose_b: bool):
     """The result's abstract value: the operands' manual-axis type and, under
     explicit mesh axes, the sharding of `dot_general`'s rule with K summed."""
-    if _varying(a) != _varying(b):
+    a_varying, b_varying = _compat.varying_axes(a), _compat.varying_axes(b)
+    if a_varying != b_varying:
         raise TypeError(
             f"tiled_matmul: operands vary over different manual mesh axes, "
-            f"{sorted(_varying(a))} and {sorted(_varying(b))}; cast one with "
+            f"{sorted(a_varying)} and {sorted(b_varying)}; cast one with "
             "jax.lax.pcast(x, axes, to='varying') (jax_tiled.matmul does this itself)")
     a_mesh, b_mesh = a.sharding.mesh, b.sharding.mesh
     if not a_mesh.empty and not b_mesh.empty and a_mesh != b_mesh:
@@ -177,27 +169,7 @@ def splits_batch(x, batch_ndim: int = 1) -> bool:
 
 # ---- Partitioning ----
 
-@dataclasses.dataclass(frozen=True)
-class Product:
-    """Static description of one lowered product, all that `partition` needs."""
-    target: str
-    transpose_a: bool
-    transpose_b: bool
-    out_dtype: np.dtype
-    precision: int  # the FFI attribute's code
-    kernel: str
-
-
-def _ffi_product(a, b, product: Product, out_dtype):
-    (_, am, _), (_, _, bn) = _dims(product.transpose_a, product.transpose_b)
-    shape = (_batch(a.shape, b.shape), a.shape[am], b.shape[bn])
-    call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct(shape, out_dtype))
-    return call(a, b, transpose_a=np.bool_(product.transpose_a),
-                transpose_b=np.bool_(product.transpose_b),
-                precision=np.int32(product.precision), kernel=product.kernel)
-
-
-def _assign(product: Product, mesh, a, b, result_sharding=None) -> dict[str, tuple]:
+def _assign(product, mesh, a, b, result_sharding=None) -> dict[str, tuple]:
     """factor -> mesh axes, from the operands' shardings and the result's, if known.
 
     First batch, M and N take the axes that both the result asks for and their
@@ -234,7 +206,7 @@ def _zero_k_padding(x, dim, k_axes, k_size):
     return lax.select(k < k_size, x, lax.full_like(x, 0))
 
 
-def _partition(product: Product, mesh, arg_shapes, result_shape):
+def _partition(call, product, mesh, arg_shapes, result_shape):
     a, b = arg_shapes
     flags = product.transpose_a, product.transpose_b
     assignment = _assign(product, mesh, a, b, result_shape.sharding)
@@ -259,7 +231,7 @@ def _partition(product: Product, mesh, arg_shapes, result_shape):
 
     def local_product(a, b):
         if not k_axes:
-            return _ffi_product(a, b, product, product.out_dtype)
+            return call(a, b, product, product.out_dtype)
         if sizes["k"] % k_split:
             # The last blocks of an uneven K are padded with arbitrary values.
             a = _zero_k_padding(a, ak, k_axes, sizes["k"])
@@ -267,7 +239,7 @@ def _partition(product: Product, mesh, arg_shapes, result_shape):
         # Partial sums stay in the accumulation type until summed, so that a
         # 16-bit result is rounded once, as on one device.
         acc = np.float64 if product.out_dtype == np.float64 else np.float32
-        partial = _ffi_product(a, b, product, np.dtype(acc))
+        partial = call(a, b, product, np.dtype(acc))
         if scatter is None:
             total = lax.psum(partial, k_axes)
         else:
@@ -279,12 +251,12 @@ def _partition(product: Product, mesh, arg_shapes, result_shape):
     return mesh, lower_fn, named(P(*map(_entry, out_axes))), (named(a_spec), named(b_spec))
 
 
-def _infer_sharding_from_operands(product: Product, mesh, arg_shapes, result_shape):
+def _infer_sharding_from_operands(product, mesh, arg_shapes, result_shape):
     assignment = _assign(product, mesh, *arg_shapes)
     return NamedSharding(mesh, P(*(_entry(assignment[f]) for f in ("batch", "m", "n"))))
 
 
-def _sharding_rule(product: Product, mesh, operand_types, result_types):
+def _sharding_rule(product, mesh, operand_types, result_types):
     """`batch m k, batch k n -> batch m n` in stored order. A broadcast batch is
     a factor of its own: its size-1 dimension cannot follow the result's."""
     a_batch, b_batch, batch = (ir.RankedTensorType(t).shape[0]
@@ -300,29 +272,18 @@ def _sharding_rule(product: Product, mesh, operand_types, result_types):
         reduction_factors=("k",))
 
 
-def _unpartitioned(a, b, product: Product):
-    return _ffi_product(a, b, product, product.out_dtype)
+def partitioned(call):
+    """`call(a, b, product, out_dtype)`, the FFI call on one device's operands,
+    behind the partitioning rule: a function (a, b, product) -> the result,
+    for `jax.interpreters.mlir.lower_fun` to lower.
 
+    `product` is static and hashable; the rule reads its `transpose_a`,
+    `transpose_b` and `out_dtype`, and hands it on to `call`."""
+    def unpartitioned(a, b, product):
+        return call(a, b, product, product.out_dtype)
 
-_partitioned = custom_partitioning(_unpartitioned, static_argnums=(2,))
-_partitioned.def_partition(partition=_partition,
-                           infer_sharding_from_operands=_infer_sharding_from_operands,
-                           sharding_rule=_sharding_rule)
-
-
-def lowering(ctx, a, b, **product):
-    """`tiled_matmul`'s lowering rule: the FFI call `target` behind the partitioning rule."""
-    out_aval, = ctx.avals_out
-    product = Product(out_dtype=np.dtype(out_aval.dtype), **product)
-    def partitioned(a, b):
-        with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
-            return _partitioned(a, b, product)
-    out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
-    # Under explicit axes, keep the sharding that abstract evaluation promised.
-    return [mlir.lower_with_sharding_in_types(ctx, out, out_aval)]
-
-
-def register(primitive) -> None:
-    # custom_partitioning's lowering needs the device assignment, which jit only
-    # hands to lowering rules of primitives that declare they need it.
-    dispatch.prim_requires_devices_during_lowering.add(primitive)
+    wrapped = custom_partitioning(unpartitioned, static_argnums=(2,))
+    wrapped.def_partition(partition=functools.partial(_partition, call),
+                          infer_sharding_from_operands=_infer_sharding_from_operands,
+                          sharding_rule=_sharding_rule)
+    return wrapped

@@ -1,4 +1,6 @@
-"""The `tiled_matmul` primitive: abstract eval, lowering, autodiff and batching.
+"""The `tiled_matmul` primitive: abstract eval, autodiff and batching.
+
+Its lowering, the FFI call behind the partitioning rule, is `_lowering.py`'s.
 
 Canonical form, all arrays row-major:
 
@@ -8,7 +10,7 @@ Canonical form, all arrays row-major:
 
 A batch of 1 is broadcast by the kernel through a zero batch stride. Params
 (all static): transpose_a, transpose_b (bool), out_dtype (np.dtype),
-precision (lax.Precision), kernel (str: "auto" or a rung name).
+precision (lax.Precision), kernel (str: "auto" or a kernel name).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from jax_tiled import _ffi, _sharding
 from jax_tiled._ffi import PRECISION_CODES
@@ -71,9 +73,9 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
 
 
 def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) -> None:
-    """A forced rung that cannot compute the dtypes raises TypeError; one that
+    """A forced kernel that cannot compute the dtypes raises TypeError; one that
     cannot run the problem's shape or layout at this precision (the tensor-core
-    rungs cannot give float32 HIGHEST) raises ValueError. Both name why."""
+    kernels cannot give float32 HIGHEST) raises ValueError. Both name why."""
     dtypes = _ffi.refusal(platform, kernel, dtype, out_dtype)
     if dtypes:
         raise TypeError(f"jax_tiled: {dtypes}")
@@ -83,21 +85,6 @@ def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) ->
         raise ValueError(f"jax_tiled: {layout} (m={m}, n={n}, k={k}, batches {batch_a} and "
                          f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b}, "
                          f"precision {lax.Precision(precision).name})")
-
-
-def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
-    available = _ffi.kernel_names(platform)
-    if kernel != "auto" and kernel not in available:
-        raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
-                         f"valid: {['auto', *available]}")
-    a_aval, b_aval = ctx.avals_in
-    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
-    check_kernel_runs(platform, kernel, a_aval.dtype, out_dtype,
-                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
-                      precision)
-    return _sharding.lowering(ctx, a, b, target=_ffi.TARGETS[platform], transpose_a=transpose_a,
-                              transpose_b=transpose_b, precision=PRECISION_CODES[precision],
-                              kernel=str(kernel))
 
 
 # ---- Autodiff: the product is bilinear, and each cotangent is another product ----
@@ -190,10 +177,3 @@ tiled_matmul_p.def_impl(_impl)
 tiled_matmul_p.def_abstract_eval(_abstract_eval)
 ad.defbilinear(tiled_matmul_p, _transpose_a, _transpose_b)
 batching.primitive_batchers[tiled_matmul_p] = _batch
-
-_ffi.load_all()
-_sharding.register(tiled_matmul_p)
-mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
-if _ffi.cuda_module_built():
-    mlir.register_lowering(tiled_matmul_p, functools.partial(_lowering, platform="cuda"),
-                           platform="cuda")

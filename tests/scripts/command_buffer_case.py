@@ -1,12 +1,11 @@
 """A jitted loop whose body XLA captures into a CUDA graph (command buffer).
 
-Run by tests/test_gpu.py in a subprocess with command buffers forced on for
-fusions and custom calls, dumping XLA's thunk sequence to argv[1]. Prints the
-loop's error against float64 NumPy; the test reads the dump to check that our
-custom call sits inside a command buffer, which needs the command-buffer trait.
+Run by tests/test_cuda_graphs.py in a subprocess whose XLA_FLAGS force command
+buffers on for fusions and custom calls and dump XLA's thunk sequence
+(--xla_dump_to). Prints the loop's error against float64 NumPy; the test reads
+the dump to check that our custom call sits inside a command buffer, which
+needs the command-buffer trait.
 """
-
-import sys
 
 import jax
 import jax.numpy as jnp

@@ -1,0 +1,94 @@
+"""The lowering of `tiled_matmul`: one FFI call per platform, behind the partitioning rule.
+
+For each platform whose extension module loaded (`cpu` always, `cuda` where the
+package was built with nvcc), the lowering rule
+
+1. checks that the kernel asked for exists on this platform and takes the
+   problem (raising the same errors as the API, now that the platform is known);
+2. describes the call as a static `Product` (FFI target, transpose flags,
+   output dtype, precision code, kernel name);
+3. lowers `ffi_product` behind `_sharding.partitioned`, so that under `jit`
+   with sharded operands each device runs the kernel on its own blocks, and on
+   one device the program holds just the custom call;
+4. keeps the sharding that abstract evaluation promised under explicit mesh axes.
+
+Importing this module registers the rules; `jax_tiled/__init__.py` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from jax_tiled import _compat, _ffi, _sharding
+from jax_tiled._primitive import PRECISION_CODES, check_kernel_runs, problem_dims, tiled_matmul_p
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """Static description of one FFI call; all that the partitioning rule needs."""
+    target: str
+    transpose_a: bool
+    transpose_b: bool
+    out_dtype: np.dtype
+    precision: int  # the FFI attribute's code (_ffi.PRECISION_CODES)
+    kernel: str
+
+
+def ffi_product(a, b, product: Product, out_dtype):
+    """The FFI call on canonical operands (batch of 1 or B; see _primitive),
+    into `out_dtype`, with its attributes as explicit numpy scalars."""
+    batch = a.shape[0] if b.shape[0] == 1 else b.shape[0]
+    m = a.shape[2] if product.transpose_a else a.shape[1]
+    n = b.shape[1] if product.transpose_b else b.shape[2]
+    call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
+    return call(a, b, transpose_a=np.bool_(product.transpose_a),
+                transpose_b=np.bool_(product.transpose_b),
+                precision=np.int32(product.precision), kernel=product.kernel)
+
+
+_partitioned_product = _sharding.partitioned(ffi_product)
+
+
+def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
+    available = _ffi.kernel_names(platform)
+    if kernel != "auto" and kernel not in available:
+        raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
+                         f"valid: {['auto', *available]}")
+    a_aval, b_aval = ctx.avals_in
+    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    check_kernel_runs(platform, kernel, a_aval.dtype, out_dtype,
+                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
+                      precision)
+    out_aval, = ctx.avals_out
+    product = Product(target=_ffi.TARGETS[platform], transpose_a=transpose_a,
+                      transpose_b=transpose_b, out_dtype=np.dtype(out_aval.dtype),
+                      precision=PRECISION_CODES[precision], kernel=str(kernel))
+
+    def partitioned(a, b):
+        with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
+            return _partitioned_product(a, b, product)
+
+    out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
+    # Under explicit axes, keep the sharding that abstract evaluation promised.
+    return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
+
+
+def register(primitive) -> None:
+    """Registers `primitive`'s lowering on every platform whose module loaded."""
+    _ffi.load_all()
+    # custom_partitioning's lowering needs the device assignment, which jit only
+    # hands to lowering rules of primitives that declare they need it.
+    _compat.require_devices_during_lowering(primitive)
+    mlir.register_lowering(primitive, functools.partial(_lowering, platform="cpu"),
+                           platform="cpu")
+    if _ffi.cuda_module_built():
+        mlir.register_lowering(primitive, functools.partial(_lowering, platform="cuda"),
+                               platform="cuda")
+
+
+register(tiled_matmul_p)

@@ -1,0 +1,44 @@
+"""Benchmark jax_tiled's kernels against jnp.matmul, as docs/performance.md describes.
+
+Every kernel usable on the default backend (each forced by name, plus
+"auto") and the peer `jnp.matmul` run in one process through one harness, on
+the same random-normal inputs; each row reports its time, TFLOP/s, achieved
+GB/s for skinny shapes, and its ratio to the peer (peer time / kernel time, so
+> 1 means faster than jnp.matmul). The peer of a float32 row is `jnp.matmul`
+at the same precision, except that `high` (3xTF32) is compared with `highest`,
+as the targets in docs/performance.md say.
+
+Usage:
+
+    python -m jax_tiled.bench                      # the backend's default suite
+    python -m jax_tiled.bench --quick              # a short run
+    python -m jax_tiled.bench --dtype bfloat16 --dtype float16 --shapes 4096^3,8192^3
+    python -m jax_tiled.bench --precision highest --kernels smem,auto
+    python -m jax_tiled.bench --json out.json --plot out.png
+    python -m jax_tiled.bench --list-shapes
+    python -m jax_tiled.bench --train-step         # the training step, bfloat16
+    python -m jax_tiled.bench --train-step --width 8192 --tokens 8192 --json step.json
+
+Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch
+32), "b8x2048^3"; a suffix "-tA" / "-tB" stores a (or b) transposed and passes
+`a_t.mT` (or `b_t.mT`) to the product. Any such name works in --shapes, not
+only the suite's.
+
+The package, by concern:
+
+    timing      input sets and pipelined timing (shared with tools/scaling.py)
+    shapes      shape names and the suites
+    harness     ours against the peer: the matmuls, rows per precision, ratios
+    products    the product suite: one row per shape, dtype, precision, kernel
+    train_step  the training step (--train-step)
+    report      progress, tables, geometric means, device facts, JSON
+    plot        the PNG bar chart (--plot)
+    cli         the command line (`python -m jax_tiled.bench`, `main`)
+"""
+
+
+def main(argv=None) -> int:
+    """`python -m jax_tiled.bench` with these arguments; returns the exit status."""
+    from jax_tiled.bench import cli
+
+    return cli.main(argv)

@@ -1,0 +1,5 @@
+import sys
+
+from jax_tiled.bench.cli import main
+
+sys.exit(main())

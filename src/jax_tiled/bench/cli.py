@@ -1,0 +1,179 @@
+"""The command line: `python -m jax_tiled.bench` (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+
+import jax_tiled.bench as package
+from jax_tiled.bench.harness import DTYPES, PRECISIONS
+from jax_tiled.bench.plot import pyplot, write_plot
+from jax_tiled.bench.products import run_all
+from jax_tiled.bench.report import (device_info, device_label, format_geomeans, format_step_table,
+                                    format_table, geomeans, hbm_gbps, heading, write_json)
+from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
+from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
+from jax_tiled.bench.train_step import (TRAIN_WIDTH, describe_train_step, run_train_steps,
+                                        train_step_flops)
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m jax_tiled.bench",
+                                description=package.__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", action="append", metavar="DT",
+                   help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
+                        "(default float32; --train-step: bfloat16)")
+    p.add_argument("--precision", action="append", metavar="P",
+                   help="precision(s): default, high, highest (default: all three for "
+                        "float32, default otherwise)")
+    p.add_argument("--kernels", action="append", metavar="K",
+                   help="subset of kernels (names from jax_tiled.kernels(), or auto; "
+                        "--train-step: default auto)")
+    p.add_argument("--shapes", action="append", metavar="S",
+                   help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: a few small and medium shapes, fewer repeats")
+    p.add_argument("--cpu-suite", action="store_true",
+                   help="the small CPU suite even on a GPU backend (default on CPU)")
+    p.add_argument("--repeats", type=int, help="samples per row, median taken (default 10; "
+                                               "--quick 5; at least 5)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up calls after compiling")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the error spot check against float64 NumPy on small shapes")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", metavar="PATH", help="write machine-readable results")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
+    p.add_argument("--list-shapes", action="store_true", help="print the suites and exit")
+    p.add_argument("--train-step", action="store_true",
+                   help="time the training step (forward + VJP of a 2-layer MLP) with "
+                        "jnp.matmul and with each kernel, instead of single products "
+                        "(default dtype bfloat16, precision default)")
+    p.add_argument("--width", type=int, metavar="W",
+                   help=f"--train-step: the MLP's width (default {TRAIN_WIDTH['gpu']}; "
+                        f"{TRAIN_WIDTH['cpu']} on CPU)")
+    p.add_argument("--tokens", "--batch-rows", type=int, metavar="T",
+                   help="--train-step: rows of x, i.e. batch x sequence (default: the width)")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.train_step and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
+        p.error("--train-step times the MLP step only: --shapes, --cpu-suite, --plot and "
+                "--list-shapes do not apply")
+    if not args.train_step and (args.width or args.tokens):
+        p.error("--width and --tokens go with --train-step")
+    if any(v is not None and v < 1 for v in (args.width, args.tokens)):
+        p.error("--width and --tokens must be positive")
+    args.dtype = _split(args.dtype) or (["bfloat16"] if args.train_step else ["float32"])
+    args.precision = _split(args.precision)
+    args.kernels = _split(args.kernels)
+    args.shapes = _split(args.shapes)
+    for value, allowed, what in ((args.dtype, DTYPES, "dtype"),
+                                 (args.precision or [], PRECISIONS, "precision")):
+        bad = [v for v in value if v not in allowed]
+        if bad:
+            p.error(f"unknown {what} {bad}; choose from {list(allowed)}")
+    if args.repeats is None:
+        args.repeats = 5 if args.quick else 10
+    if args.repeats < 5:
+        p.error("--repeats must be at least 5 (the protocol: median of at least 5 samples)")
+    try:
+        args.shapes = [parse_shape(s) for s in args.shapes] if args.shapes else None
+    except ValueError as exc:
+        p.error(str(exc))
+    return p, args
+
+
+def default_shapes(args, on_cpu: bool) -> list[Shape]:
+    if on_cpu or args.cpu_suite:
+        names = CPU_QUICK if args.quick else CPU_SUITE
+    else:
+        names = GPU_QUICK if args.quick else GPU_SUITE
+    return [parse_shape(name) for name in names]
+
+
+def select_kernels(parser, requested: list[str] | None, available: list[str]) -> list[str]:
+    valid = [*available, "auto"]
+    if requested is None:
+        return valid
+    bad = [k for k in requested if k not in valid]
+    if bad:
+        parser.error(f"kernel(s) {bad} not available on {jax.default_backend()}; valid: {valid}")
+    return requested
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
+    if args.list_shapes:
+        for title, names in (("GPU suite", GPU_SUITE), ("GPU --quick", GPU_QUICK),
+                             ("CPU suite", CPU_SUITE), ("CPU --quick", CPU_QUICK)):
+            print(f"{title}: {' '.join(names)}")
+        return 0
+    if args.plot:
+        pyplot()  # fail before the run, not after it
+    if "float64" in args.dtype:
+        jax.config.update("jax_enable_x64", True)
+    import jax_tiled
+
+    on_cpu = jax.default_backend() == "cpu"
+    budget = CPU_BUDGET if on_cpu else GPU_BUDGET
+    info = device_info()
+    if args.train_step:
+        return train_step_main(parser, args, on_cpu, budget, info)
+    kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
+    args.shapes = args.shapes or default_shapes(args, on_cpu)
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+          f"{len(args.shapes)} shapes x {args.dtype}; median of {args.repeats}",
+          file=sys.stderr)
+
+    rows = run_all(args, kernels, budget)
+    summary = geomeans(rows)
+    print(heading(info))
+    print(format_table(rows, hbm_gbps(info["device"])))
+    if any(r.precision == "high" for r in rows):
+        print("(precision high: ratio against jnp.matmul at precision highest, as "
+              "docs/performance.md says)")
+    print()
+    print(format_geomeans(summary))
+    if args.json:
+        write_json(args.json, info, args, rows, geomeans=summary)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        write_plot(args.plot, info, rows)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0 if any(r.error is None for r in rows) else 1
+
+
+def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
+    """--train-step: exit status 1 when any step failed or disagreed with the peer's."""
+    import jax_tiled
+
+    kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
+    args.width = args.width or TRAIN_WIDTH["cpu" if on_cpu else "gpu"]
+    args.tokens = args.tokens or args.width
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+          f"training step at width {args.width}, {args.tokens} tokens x {args.dtype}; "
+          f"median of {args.repeats}", file=sys.stderr)
+
+    rows = run_train_steps(args, kernels, budget)
+    print(heading(info))
+    print(describe_train_step(args.width, args.tokens))
+    print(format_step_table(rows))
+    if args.json:
+        write_json(args.json, info, args, rows, train_step={
+            "width": args.width, "tokens": args.tokens,
+            "flops_per_step": train_step_flops(args.width, args.tokens),
+            "model": describe_train_step(args.width, args.tokens)})
+        print(f"wrote {args.json}", file=sys.stderr)
+    failed = [row for row in rows if row.error]
+    for row in failed:
+        print(f"bench: training step FAILED with {row.kernel} ({row.dtype}, {row.precision}): "
+              f"{row.error}", file=sys.stderr)
+    return 1 if failed else 0

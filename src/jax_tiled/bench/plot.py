@@ -1,0 +1,76 @@
+"""The PNG bar chart (--plot): TFLOP/s per shape, one bar per kernel and the peer."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from jax_tiled.bench.harness import PEER, PEER_PRECISION
+from jax_tiled.bench.report import device_label
+
+if TYPE_CHECKING:
+    from jax_tiled.bench.products import Row
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or a clear exit when it is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("python -m jax_tiled.bench: --plot needs matplotlib "
+                         "(pip install matplotlib)") from None
+    return plt
+
+
+def write_plot(path: str, info: dict, rows: list[Row]) -> None:
+    """TFLOP/s per shape, one bar per kernel and peer; one panel per dtype/precision."""
+    plt = pyplot()
+    panels = _plot_panels([row for row in rows if row.tflops is not None])
+    if not panels:
+        print("bench: nothing to plot (every row failed)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
+                             figsize=(max(8, 0.9 * _max_shapes(panels) + 3), 3.8 * len(panels)))
+    for ax, ((dtype, precision), prows) in zip(axes[:, 0], panels.items()):
+        _plot_panel(ax, prows, precision, f"{dtype}, precision {precision}")
+    fig.suptitle(f"jax_tiled vs {PEER} - {device_label(info)} - {info['date'][:16]}")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_panels(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """(dtype, precision) -> its kernel rows and the peer rows they compare with."""
+    panels: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        if not row.is_peer:
+            panels.setdefault((row.dtype, row.precision), []).append(row)
+    for (dtype, precision), prows in panels.items():
+        prows += [r for r in rows if r.is_peer and r.dtype == dtype
+                  and r.precision == PEER_PRECISION[precision]]
+    return panels
+
+
+def _max_shapes(panels) -> int:
+    return max(len({r.shape for r in rows}) for rows in panels.values())
+
+
+def _plot_panel(ax, rows: list[Row], precision: str, title: str) -> None:
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    names = list(dict.fromkeys(r.kernel for r in rows))
+    names.sort(key=lambda k: (k != PEER, k == "auto"))  # peer first, auto last
+    labels = {k: k for k in names}
+    for r in rows:  # peers for 'high' run at 'highest': say so in the legend
+        if r.is_peer and r.precision != precision:
+            labels[PEER] = f"{PEER} ({r.precision})"
+    width = 0.8 / len(names)
+    value = {(r.shape, r.kernel): r.tflops for r in rows}
+    for i, name in enumerate(names):
+        xs = [s + (i - (len(names) - 1) / 2) * width for s in range(len(shapes))]
+        ys = [value.get((shape, name), 0.0) for shape in shapes]
+        ax.bar(xs, ys, width, label=labels[name])
+    ax.set_xticks(range(len(shapes)), shapes, rotation=30, ha="right")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", ncols=min(len(names), 4))

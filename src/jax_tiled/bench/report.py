@@ -1,0 +1,212 @@
+"""What the benchmark prints and writes: progress, tables, geometric means, device facts, JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform as host_platform
+import sys
+from typing import TYPE_CHECKING
+
+import jax
+
+from jax_tiled.bench.harness import PEER_PRECISION
+
+if TYPE_CHECKING:
+    from jax_tiled.bench.products import Row
+    from jax_tiled.bench.train_step import StepRow
+
+# Peak memory bandwidth (GB/s) by device_kind substring, for the %-of-HBM note.
+HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
+            "A100": 1555}
+
+
+class Progress:
+    """tqdm when installed, else a one-line counter on stderr."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def describe(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_description_str(text)
+        else:
+            sys.stderr.write(f"\r[{self.done:>3}/{self.total}] {text:<60.60}")
+            sys.stderr.flush()
+
+    def step(self) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled:
+            sys.stderr.write(f"\r[{self.done:>3}/{self.total}] done{' ' * 56}\n")
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def geomeans(rows: list[Row]) -> list[dict]:
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for row in rows:
+        if not row.is_peer:
+            groups.setdefault((row.dtype, row.precision, row.kernel), []).append(row)
+    summary = []
+    for (dtype, precision, kernel), group in groups.items():
+        r = [row.ratio for row in group if row.ratio]
+        summary.append({"dtype": dtype, "precision": precision, "kernel": kernel, "n": len(r),
+                        "failed": sum(row.error is not None for row in group),
+                        "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
+                        "min": min(r) if r else None, "below_0.8": sum(x < 0.8 for x in r)})
+    return summary
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _gbps_text(row: Row, hbm: float | None) -> str:
+    if row.gbps is None:
+        return ""
+    text = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2f}"
+    return text + (f" ({100 * row.gbps / hbm:.0f}% HBM)" if hbm else "")
+
+
+def format_table(rows: list[Row], hbm: float | None) -> str:
+    head = ("shape", "dtype", "precision", "kernel", "sets", "ms", "TFLOP/s", "GB/s",
+            "x peer", "rel.err")
+    return _text_table(head, rows, lambda row: _row_cells(row, hbm), left=4)
+
+
+def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
+    """Aligned columns, the first `left` (what a row measures) flush left. A failed
+    row shows those and the next cell, then its error in place of the numbers."""
+    cells = {id(row): cells_of(row) for row in rows}
+    widths = [max(len(c[i]) for c in (head, *cells.values())) for i in range(len(head))]
+
+    def line(values):
+        return "  ".join(v.ljust(w) if i < left else v.rjust(w)
+                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    out = [line(head), line(["-" * w for w in widths])]
+    for row in rows:
+        if row.error:
+            message = row.error.splitlines()[0][:100]
+            out.append(f"{line(cells[id(row)][:left + 1])}  ERROR {message}")
+        else:
+            out.append(line(cells[id(row)]))
+    return "\n".join(out)
+
+
+def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
+    lead = (row.shape, row.dtype, row.precision, row.kernel, str(row.sets))
+    if row.error:
+        return lead + ("",) * 5
+    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
+    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), _gbps_text(row, hbm),
+                   ratio, _fmt(row.rel_error, ".1e"))
+
+
+def format_step_table(rows: list[StepRow]) -> str:
+    head = ("dtype", "precision", "kernel", "sets", "ms/step", "TFLOP/s", "x peer", "loss",
+            "loss diff", "grad diff", "tol")
+    return _text_table(head, rows, _step_cells, left=3)
+
+
+def _step_cells(row: StepRow) -> tuple[str, ...]:
+    lead = (row.dtype, row.precision, row.kernel, str(row.sets))
+    if row.error:
+        return lead + ("",) * 7
+    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
+    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), ratio, _fmt(row.loss, ".5g"),
+                   _fmt(row.loss_diff, ".1e"), _fmt(row.grad_diff, ".1e"),
+                   _fmt(row.tolerance, ".0e"))
+
+
+def format_geomeans(summary: list[dict]) -> str:
+    out = ["geometric mean of ratios (peer time / kernel time):"]
+    for g in summary:
+        out.append(f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
+                   f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
+                   f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
+                   + (f", {g['failed']} failed" if g["failed"] else ""))
+    return "\n".join(out)
+
+
+def device_info() -> dict:
+    device = jax.devices()[0]
+    info = {"device": device.device_kind, "platform": device.platform,
+            "device_count": jax.device_count(), "jax_version": jax.__version__,
+            "jaxlib_version": _jaxlib_version(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "python": host_platform.python_version(), "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count()}
+    try:
+        import jax_tiled
+        info["jax_tiled_version"] = jax_tiled.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def _jaxlib_version() -> str | None:
+    try:
+        import jaxlib
+        return jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host_platform.processor() or host_platform.machine()
+
+
+def heading(info: dict) -> str:
+    return f"# {device_label(info)}, jax {info['jax_version']}, {info['date']}"
+
+
+def device_label(info: dict) -> str:
+    if info["platform"] == "cpu":
+        return f"CPU: {info['cpu']} ({info['cpu_count']} cores)"
+    return f"{info['device']} ({info['platform']})"
+
+
+def hbm_gbps(device_kind: str) -> float | None:
+    for key, value in HBM_GBPS.items():
+        if key in device_kind:
+            return value
+    return None
+
+
+def write_json(path: str, info: dict, args, rows: list, **sections) -> None:
+    doc = {**info, "argv": args.argv, "repeats": args.repeats, "warmup": args.warmup,
+           "peer_precision": PEER_PRECISION, "rows": [dataclasses.asdict(r) for r in rows],
+           **sections}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")

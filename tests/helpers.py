@@ -1,0 +1,217 @@
+"""Helpers shared by the test files: inputs, products, references and tolerances,
+and the kernels a test runs. Fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jax_tiled
+from jax_tiled import _ffi
+from jax_tiled._matmul import _canonicalize, canonical_precision
+
+F32 = np.dtype(np.float32)
+HIGHEST = lax.Precision.HIGHEST
+TENSOR_CORE_KERNELS = ("mma", "wgmma")
+SIMT_KERNELS = ("regblock", "warptile", "pipelined", "smem", "smem16")
+LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
+# Any dot_general or transpose in a jaxpr: a product not run on this package's kernels.
+FORBIDDEN = re.compile(r"\b(dot_general|transpose)\[")
+
+
+def gpu_available() -> bool:
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+# ---- Inputs ----
+
+@contextlib.contextmanager
+def x64():
+    """float64 enabled inside the block."""
+    with jax.enable_x64(True):
+        yield
+
+
+def random_array(rng, shape, dtype, *, integers=False):
+    """Random normal (or small-integer) values, exactly representable in dtype."""
+    if integers:
+        x = rng.integers(-8, 9, size=shape).astype(np.float64)
+    else:
+        x = rng.standard_normal(shape)
+    x = np.asarray(x, dtype=dtype)
+    if x.size and not integers:
+        assert np.any(x != 0)
+    return x
+
+
+def operands(rng, m, n, k, ta, tb, dtype=F32, batch_a=1, batch_b=1, integers=False):
+    """Stored a and b of a canonical problem, and op(a), op(b) for the reference."""
+    a = random_array(rng, (batch_a, k, m) if ta else (batch_a, m, k), dtype, integers=integers)
+    b = random_array(rng, (batch_b, n, k) if tb else (batch_b, k, n), dtype, integers=integers)
+    return a, b, np.swapaxes(a, 1, 2) if ta else a, np.swapaxes(b, 1, 2) if tb else b
+
+
+# ---- Products ----
+
+def bind_product(a, b, ta=False, tb=False, *, precision=lax.Precision.DEFAULT, kernel="auto",
+                 out_dtype=None):
+    """The primitive itself on canonical operands (out_dtype: default a's dtype)."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    return jax_tiled.tiled_matmul_p.bind(
+        a, b, transpose_a=ta, transpose_b=tb,
+        out_dtype=np.dtype(a.dtype if out_dtype is None else out_dtype),
+        precision=lax.Precision(precision), kernel=kernel)
+
+
+def tiled(a, b, kernel="auto"):
+    """jax_tiled.matmul at HIGHEST (true fp32 on every kernel), to compare with `reference`."""
+    return jax_tiled.matmul(a, b, precision=HIGHEST, kernel=kernel)
+
+
+def reference(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def loss_of(matmul):
+    # Nonlinear, so that second derivatives are not trivially zero.
+    return lambda a, b: jnp.sum(jnp.sin(matmul(a, b)))
+
+
+def matmul_problem(a, b) -> tuple:
+    """The canonical problem (batch_a, batch_b, m, n, k, False, False) that
+    jax_tiled.matmul(a, b) binds, for kernels_on's `problem`."""
+    a3, b3 = jax.eval_shape(lambda a, b: _canonicalize(a, b, None, None, "auto")[:2], a, b)
+    return (a3.shape[0], b3.shape[0], a3.shape[1], b3.shape[2], a3.shape[2], False, False)
+
+
+# ---- The kernels a test runs ----
+
+def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None,
+               precision=None) -> list[str]:
+    """"auto" and every kernel that computes dtype -> out_dtype (default: the
+    same) on the platform at `precision` (as matmul takes it; None: the default,
+    which honours jax.default_matmul_precision): on CUDA the tensor-core kernels
+    take float32 at DEFAULT and HIGH but not HIGHEST. Forcing a kernel on other
+    dtypes is tested in test_errors. With `problem` = (batch_a, batch_b, m, n, k,
+    transpose_a, transpose_b), only the kernels that run that layout: the Hopper
+    kernel needs rows its copy engine can read, and test_tensor_cores covers it
+    on such shapes."""
+    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform, dtype, out_dtype,
+                              precision)
+    assert names, f"no kernels usable on {platform}"
+    if problem is not None:
+        out_dtype = dtype if out_dtype is None else out_dtype
+        precision = canonical_precision(precision)
+        names = [name for name in names
+                 if not _ffi.refusal(platform, name, dtype, out_dtype, problem, precision)]
+    return ["auto", *names]
+
+
+def tensor_core_kernels(dtype=F32, out_dtype=None, *, problem=None,
+                        precision=lax.Precision.DEFAULT) -> list[str]:
+    """The tensor-core kernels listed on this GPU for dtype -> out_dtype (default:
+    the same) at `precision` that take `problem`'s layout (default: any)."""
+    out_dtype = dtype if out_dtype is None else out_dtype
+    listed = jax_tiled.kernels("gpu", dtype, out_dtype, precision)
+    names = [k for k in TENSOR_CORE_KERNELS if k in listed]
+    if np.dtype(dtype).itemsize == 2 or lax.Precision(precision) != HIGHEST:
+        assert "mma" in names, listed  # sm_80+: every GPU this package builds for
+    if problem is not None:
+        names = [k for k in names
+                 if not _ffi.refusal("cuda", k, dtype, out_dtype, problem, precision)]
+    return names
+
+
+def tensor_kernels_on(platform, problem, precision, dtype=F32) -> list[str]:
+    """'auto' and the kernels whose arithmetic depends on the precision: on CUDA
+    the tensor-core kernels that take the problem, on CPU the one CPU kernel."""
+    if platform == "cpu":
+        return ["auto", "blocked"]
+    return ["auto", *tensor_core_kernels(dtype, problem=problem, precision=precision)]
+
+
+# ---- References and tolerances ----
+
+EPS = {np.dtype(jnp.float16): 2.0**-11, np.dtype(jnp.bfloat16): 2.0**-8,
+       np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
+
+
+def tensor_core_float32(platform, dtype, precision) -> bool:
+    """Whether a float32 product at `precision` may run on tensor cores: on
+    CUDA at DEFAULT (TF32) and HIGH (3xTF32)."""
+    return (platform == "cuda" and np.dtype(dtype) == np.float32
+            and canonical_precision(precision) != lax.Precision.HIGHEST)
+
+
+def input_rounding(platform, dtype, precision) -> float:
+    """Relative rounding of each operand before the products, by precision
+    (None, a lax.Precision or any name matmul takes; None honours
+    jax.default_matmul_precision)."""
+    if tensor_core_float32(platform, dtype, precision):
+        if canonical_precision(precision) == lax.Precision.DEFAULT:
+            return 2.0**-11  # TF32 keeps 10 mantissa bits, rounded to nearest
+        # 3xTF32: hi is x truncated, so |lo| < 2^-10 |x|: the dropped lo*lo
+        # term and the rounding of lo.
+        return 2.0**-20
+    return 0.0
+
+
+def accumulation_rounding(platform, in_dtype, out_dtype, precision=None) -> float:
+    """Relative rounding of each addition into the accumulator."""
+    if np.float64 in (np.dtype(in_dtype), np.dtype(out_dtype)):
+        return EPS[np.dtype(np.float64)]
+    if platform == "cuda" and (np.dtype(in_dtype).itemsize == 2
+                               or tensor_core_float32(platform, in_dtype, precision)):
+        # Tensor cores add products into float32 in groups, aligned to the
+        # largest and truncated rather than rounded: allow 4 ulps per addition.
+        return 4 * EPS[np.dtype(np.float32)]
+    return EPS[np.dtype(np.float32)]
+
+
+def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=None):
+    """Checks every element of `out` against a float64 product of a and b.
+
+    Elementwise bound: K accumulation roundings of the accumulator type plus the
+    operand rounding of the precision mode, relative to |a| @ |b|, plus one
+    rounding of the output type relative to |ref|.
+    """
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ref = np.matmul(a64, b64)
+    mag = np.matmul(np.abs(a64), np.abs(b64))
+    out = np.asarray(out)
+    in_dtype = jnp.promote_types(a.dtype, b.dtype)
+    out_dtype = np.dtype(out_dtype or in_dtype)
+    assert out.dtype == out_dtype, (out.dtype, out_dtype)
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    k = a.shape[-1]
+    acc_eps = accumulation_rounding(platform, in_dtype, out_dtype, precision)
+    bound = (k + 2) * acc_eps + 2 * input_rounding(platform, in_dtype, precision)
+    tol = bound * mag + EPS[out_dtype] * np.abs(ref) + 1e-30
+    err = np.abs(out.astype(np.float64) - ref)
+    assert np.all(np.isfinite(out)), "non-finite output"
+    bad = err > tol
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} elements off; worst at {np.unravel_index(np.argmax(err - tol), err.shape)}: "
+        f"err {err.max():.3g}, tol there {tol.flat[np.argmax(err - tol)]:.3g}")
+
+
+def relative_norm_error(out, a_op, b_op) -> float:
+    """Relative Frobenius error of out against the float64 product op(a) @ op(b)."""
+    ref = np.matmul(np.asarray(a_op, np.float64), np.asarray(b_op, np.float64))
+    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+
+
+def assert_trees_close(x, y, rtol=2e-5):
+    for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
+        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+        assert u.shape == v.shape
+        np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * max(1.0, np.abs(v).max(initial=0)))
