@@ -116,9 +116,8 @@ def _check_float(name: str, dtype, api: str = "jax_tiled.matmul") -> np.dtype:
     return dtype
 
 
-def _is_real_number(dtype) -> bool:
-    return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating) \
-        or np.dtype(dtype) == np.bool_
+def _is_integer(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) or np.dtype(dtype) == np.bool_
 
 
 def check_operand_dtypes(lhs_dtype, rhs_dtype, api: str) -> None:
@@ -126,9 +125,9 @@ def check_operand_dtypes(lhs_dtype, rhs_dtype, api: str) -> None:
     a product of integers only is refused (the kernels compute in floating
     point, and jnp's integer product wraps around where a float one rounds)."""
     for name, dtype in (("a", lhs_dtype), ("b", rhs_dtype)):
-        if not _is_real_number(dtype):
+        if not _is_integer(dtype):
             _check_float(name, dtype, api)
-    if not (jnp.issubdtype(lhs_dtype, jnp.floating) or jnp.issubdtype(rhs_dtype, jnp.floating)):
+    if _is_integer(lhs_dtype) and _is_integer(rhs_dtype):
         raise TypeError(
             f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
             f"{np.dtype(rhs_dtype).name}) are not computed by jax_tiled's floating-point "
@@ -296,7 +295,7 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
                           plan.precision)
         return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
     if platform == "cpu":
-        return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU kernel"
+        return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU rung"
     if platform == "cuda" and _ffi.cuda_module_built():
         try:
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
