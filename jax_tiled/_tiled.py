@@ -330,7 +330,7 @@ def _shard_map(eqn, invals):
     body = p["jaxpr"]
     axes = p.get("newly_manual_axes", p.get("manual_axes"))
     kwargs = {} if axes is None else {"axis_names": set(axes)}
-    f = jax.shard_map(lambda *args: _eval(body, (), args), mesh=p["mesh"],
+    f = jax.shard_map(lambda *args: tuple(_eval(body, (), args)), mesh=p["mesh"],
                       in_specs=tuple(p["in_specs"]), out_specs=tuple(p["out_specs"]),
                       check_vma=p["check_vma"], **kwargs)
     return f(*invals)
