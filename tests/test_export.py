@@ -18,7 +18,7 @@ from jax import export
 import jax_tiled
 from conftest import random_array
 
-pytest.importorskip("flatbuffers")  # jax.export's serialization needs it
+import flatbuffers  # noqa: F401  (a test dependency: jax.export serializes with it)
 
 HIGHEST = jax.lax.Precision.HIGHEST
 b, m, k, n = export.symbolic_shape("b, m, k, n")

@@ -11,9 +11,9 @@ import pytest
 
 import jax_tiled
 
-nn = pytest.importorskip("flax.linen")
-nnx = pytest.importorskip("flax.nnx")
-optax = pytest.importorskip("optax")
+# Test dependencies (README: "Test"); imported outright, so that a missing one fails.
+import optax
+from flax import linen as nn, nnx
 
 
 def no_dot_general(f, *args):

@@ -269,7 +269,7 @@ def test_weak_types_are_kept():
 # ---- Flax ----
 
 def test_flax_linen_model():
-    nn = pytest.importorskip("flax.linen")
+    from flax import linen as nn
 
     class Block(nn.Module):
         @nn.compact
@@ -291,7 +291,7 @@ def test_flax_linen_model():
 
 
 def test_flax_nnx_module_and_its_state():
-    nnx = pytest.importorskip("flax.nnx")
+    from flax import nnx
 
     class Block(nnx.Module):
         def __init__(self, rngs):
