@@ -267,3 +267,12 @@ def test_out_sharding_over_automatic_axes_is_refused_as_jnp_refuses_it():
         jax_tiled.matmul(x, w, out_sharding=NamedSharding(mesh, P("data")))
     with pytest.raises(ValueError, match="Auto"):
         jax_tiled.dot_general(x, w, dims([1], [0]), out_sharding=NamedSharding(mesh, P("data")))
+
+
+def test_gradient_of_an_operand_broadcast_over_an_empty_batch():
+    """(m, k) @ (0, k, n): the cotangent of the broadcast operand is a sum over
+    no products, zeros of its own shape."""
+    a, b = jnp.ones((3, 4)), jnp.ones((0, 4, 5))
+    ga, gb = jax.grad(lambda a, b: jax_tiled.matmul(a, b).sum(), (0, 1))(a, b)
+    assert ga.shape == a.shape and gb.shape == b.shape
+    np.testing.assert_array_equal(ga, np.zeros(a.shape))
