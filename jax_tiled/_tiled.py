@@ -55,7 +55,8 @@ def tiled(fn: F) -> F:
     inside pytree arguments) are traced, every other argument is passed as it
     is. `fn` should not mutate state it keeps outside its arguments and result
     (a Flax NNX module whose call updates batch statistics or RNG counts:
-    wrap a function of `nnx.split`'s state instead, see the README).
+    route a function of `nnx.split`'s state instead, see the README); as with
+    `jax.jit`, pytree arguments are copies whose updates are lost.
     Outside `jit` each call traces `fn` again; wrap it in `jax.jit` for speed.
     """
 
@@ -265,7 +266,9 @@ def _rewrite_params(eqn) -> dict:
         if isinstance(v, core.Jaxpr):
             return _rewrite_open(v, eqn.primitive.name)
         if isinstance(v, tuple) and any(isinstance(x, (core.Jaxpr, core.ClosedJaxpr)) for x in v):
-            return tuple(map(rewrite, v))
+            items = map(rewrite, v)
+            # custom_linear_solve keeps its jaxprs in a namedtuple.
+            return type(v)(*items) if hasattr(v, "_fields") else tuple(items)
         return v
     return {k: rewrite(v) for k, v in eqn.params.items()}
 

@@ -207,6 +207,29 @@ def test_shard_map_inside(rng):
                            jax.grad(lambda x, w: f(x, w).sum(), (0, 1))(x, w))
 
 
+MORE = {
+    "custom_linear_solve": lambda a, b: jnp.linalg.solve(a, b),
+    "grad of custom_linear_solve": jax.grad(lambda a, b: jnp.linalg.solve(a, b).sum()),
+    "lax.map": lambda a, b: lax.map(lambda r: r @ a, a),
+    "associative_scan": lambda a, b: lax.associative_scan(jnp.matmul, jnp.stack([a, a / 2, a])),
+    "pure_callback": lambda a, b: jax.pure_callback(
+        lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct((4,), np.float32), a @ b),
+    "debug callback": lambda a, b: (jax.debug.callback(lambda v: None, a @ b), a @ b)[1],
+    "random keys": lambda a, b: jax.random.normal(jax.random.key(0), (4, 4)) @ a,
+}
+
+
+@pytest.mark.parametrize("name", MORE)
+def test_more_primitives(rng, name):
+    a = random_array(rng, (4, 4), np.float32) + 4 * np.eye(4, dtype=np.float32)
+    b = random_array(rng, (4,), np.float32)
+    f = MORE[name]
+    routed = jax_tiled.tiled(f)
+    assert_routed(routed, a, b)
+    with jax.default_matmul_precision("highest"):
+        assert_trees_close(jax.jit(routed)(a, b), jax.jit(f)(a, b), rtol=1e-4)
+
+
 # ---- Calling conventions ----
 
 def test_closed_over_values_and_tracers(rng):
