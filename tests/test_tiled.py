@@ -201,10 +201,16 @@ def test_shard_map_inside(rng):
     w = random_array(rng, (4, 6), np.float32)
     routed = jax_tiled.tiled(f)
     assert_routed(routed, x, w)
+    # tiled inside shard_map, on the per-device body.
+    inside = jax.shard_map(jax_tiled.tiled(lambda x, w: lax.psum(x @ w, "model")), mesh=mesh,
+                           in_specs=(P("data", "model"), P("model")), out_specs=P("data"))
+    assert_routed(inside, x, w)
     with jax.default_matmul_precision("highest"):
         assert_trees_close(routed(x, w), f(x, w))
-        assert_trees_close(jax.grad(lambda x, w: routed(x, w).sum(), (0, 1))(x, w),
-                           jax.grad(lambda x, w: f(x, w).sum(), (0, 1))(x, w))
+        assert_trees_close(inside(x, w), f(x, w))
+        want = jax.grad(lambda x, w: f(x, w).sum(), (0, 1))(x, w)
+        assert_trees_close(jax.grad(lambda x, w: routed(x, w).sum(), (0, 1))(x, w), want)
+        assert_trees_close(jax.grad(lambda x, w: inside(x, w).sum(), (0, 1))(x, w), want)
 
 
 MORE = {
