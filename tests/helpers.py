@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core
 
 import jax_tiled
 from jax_tiled import _ffi
@@ -211,7 +212,29 @@ def relative_norm_error(out, a_op, b_op) -> float:
 
 
 def assert_trees_close(x, y, rtol=2e-5):
+    """Two pytrees of the same structure and shapes, leaf by leaf within rtol
+    (and an absolute tolerance of rtol times the largest magnitude, at least 1)."""
+    assert jax.tree.structure(x) == jax.tree.structure(y), (jax.tree.structure(x),
+                                                            jax.tree.structure(y))
     for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
         u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
         assert u.shape == v.shape
         np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * max(1.0, np.abs(v).max(initial=0)))
+
+
+# ---- Jaxprs ----
+
+def equations(jaxpr, name: str):
+    """Every equation of primitive `name` in a jaxpr (open or closed) and in
+    the jaxprs inside its equations, at any depth."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == name:
+            yield eqn
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from equations(sub, name)
+
+
+def count_equations(jaxpr, name: str) -> int:
+    """How many equations of primitive `name` a jaxpr holds, at any depth."""
+    return sum(1 for _ in equations(jaxpr, name))

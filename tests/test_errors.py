@@ -33,14 +33,25 @@ def test_rank0_operands():
         jax_tiled.matmul(A, 3.0)
 
 
-@pytest.mark.parametrize("bad", [jnp.int32, jnp.int8, jnp.bool_, jnp.complex64, jnp.uint8],
-                         ids=lambda d: np.dtype(d).name)
-def test_non_float_dtypes(bad):
+@pytest.mark.parametrize("bad", [jnp.complex64, jnp.float8_e4m3fn], ids=lambda d: np.dtype(d).name)
+def test_uncomputed_dtypes(bad):
     x = jnp.ones((3, 4), bad)
     with pytest.raises(TypeError, match=np.dtype(bad).name):
         jax_tiled.matmul(x, B)
     with pytest.raises(TypeError, match=np.dtype(bad).name):
         jax_tiled.matmul(A, jnp.ones((4, 5), bad))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8, jnp.bool_, jnp.uint8],
+                         ids=lambda d: np.dtype(d).name)
+def test_integer_only_products_are_refused(dtype):
+    """Integer operands mixed with floats promote (tests/test_promotion.py);
+    integers alone are refused, naming both dtypes."""
+    x, y = jnp.ones((3, 4), dtype), jnp.ones((4, 5), jnp.int16)
+    with pytest.raises(TypeError, match=rf"integer-only.*{np.dtype(dtype).name}.*int16"):
+        jax_tiled.matmul(x, y)
+    with pytest.raises(TypeError, match="integer-only"):
+        jax_tiled.matmul(x, jnp.ones((4, 5), dtype))
 
 
 def test_bad_preferred_element_type():

@@ -1,4 +1,5 @@
-"""The installed package: its version is written once, and its metadata agrees."""
+"""The installed package: its version is written once, its metadata agrees, and
+it ships its license and its type-annotation marker."""
 
 from __future__ import annotations
 
@@ -15,3 +16,9 @@ def test_version_is_single_sourced():
 def test_license_is_shipped():
     files = importlib.metadata.files("jax_tiled") or []
     assert any(f.name == "LICENSE" for f in files), files
+
+
+def test_type_annotations_are_shipped():
+    """py.typed marks the package as typed (PEP 561) for type checkers."""
+    files = importlib.metadata.files("jax_tiled") or []
+    assert any(f.name == "py.typed" for f in files), files

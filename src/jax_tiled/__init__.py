@@ -1,14 +1,22 @@
 """jax_tiled: hand-written tiled matrix-multiply kernels (CUDA and CPU) as a JAX primitive.
 
     import jax_tiled
-    c = jax_tiled.matmul(a, b)        # jnp.matmul semantics, this package's kernels
-    jax_tiled.kernels()               # kernels usable on the default backend
-    jax_tiled.explain(a, b)           # which kernel "auto" runs for them, and why
+    c = jax_tiled.matmul(a, b)                    # jnp.matmul semantics, this package's kernels
+    y = jax_tiled.dot_general(x, w, (((1,), (0,)), ((), ())))   # lax.dot_general semantics
+    f = jax_tiled.tiled(model_fn)                 # every float product inside on the kernels
+    jax.checkpoint(f, policy=jax_tiled.checkpoint_policies.dots_saveable)
+    jax_tiled.kernels()                           # kernels usable on the default backend
+    jax_tiled.explain(a, b)                       # which kernel "auto" runs for them, and why
 """
 
+from jax_tiled import checkpoint_policies
+from jax_tiled._dot_general import dot_general, einsum
+from jax_tiled._export import export_disabled_checks
 from jax_tiled._matmul import explain, kernels, matmul
 from jax_tiled._primitive import tiled_matmul_p
+from jax_tiled._tiled import tiled
 from jax_tiled import _lowering  # noqa: F401  (registers the primitive's lowering rules)
 
-__all__ = ["explain", "kernels", "matmul", "tiled_matmul_p"]
+__all__ = ["checkpoint_policies", "dot_general", "einsum", "explain", "export_disabled_checks",
+           "kernels", "matmul", "tiled", "tiled_matmul_p"]
 __version__ = "0.1.0"

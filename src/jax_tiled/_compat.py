@@ -1,7 +1,7 @@
 """Everything that depends on jax's private modules or on the jax version, in one place.
 
 Supported: jax/jaxlib >= 0.8.0. The rest of the package uses public APIs only
-(`jax.ffi`, `jax.interpreters.mlir`, `jaxlib.mlir.ir`,
+(`jax.ffi`, `jax.interpreters.mlir`, `jaxlib.mlir.ir`, `jax.extend`, `jax.export`,
 `jax.experimental.custom_partitioning`, `jax.sharding`); each entry below says
 why it cannot, and which jax versions need it. When the oldest supported jax
 gains a public equivalent, replace the entry and delete it here.
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from jax import lax
 
-__all__ = ["cast_to_varying", "lower_with_sharding_in_types", "require_devices_during_lowering",
-           "varying_axes"]
+__all__ = ["DropVar", "Offloadable", "Recompute", "bind_with_params", "cast_to_varying",
+           "convert_keeping_weak_type", "jaxprs_in_params", "lower_with_sharding_in_types",
+           "require_devices_during_lowering", "varying_axes"]
 
 # Private, needed by every supported version (0.8.0 through 0.11 at least):
 # jit hands the device assignment to lowering only when the jaxpr holds a
@@ -28,6 +29,20 @@ from jax._src.dispatch import prim_requires_devices_during_lowering
 # jax's own lowering rules call it for the same purpose.
 from jax._src.interpreters.mlir import lower_with_sharding_in_types
 
+# Private, needed by every supported version, for `jax_tiled.tiled`'s jaxpr
+# interpreter (the rest of what it reads of a jaxpr is in `jax.extend`):
+# - the equations' output variables that nothing reads, and the jaxprs in an
+#   equation's parameters (`jax.extend.core` has neither in jax 0.8);
+# - a dtype conversion that sets the result's weak type, which the jaxpr being
+#   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
+from jax._src.core import DropVar, jaxprs_in_params
+from jax._src.lax.lax import _convert_element_type as convert_keeping_weak_type
+
+# Private, needed by every supported version: what a remat policy returns for a
+# value to recompute or to move to another memory kind. jax's own policies
+# return these; `jax.checkpoint_policies` does not export them.
+from jax._src.interpreters.partial_eval import Offloadable, Recompute
+
 
 def require_devices_during_lowering(primitive) -> None:
     """Asks jit to pass the device assignment to `primitive`'s lowering rule."""
@@ -39,6 +54,16 @@ def varying_axes(aval) -> frozenset:
     in jax 0.8 and 0.9, `aval.mat.varying` from jax 0.10."""
     mat = getattr(aval, "mat", None)
     return mat.varying if mat is not None else getattr(aval, "vma", frozenset())
+
+
+def bind_with_params(primitive, invals, params):
+    """`primitive` bound to `invals` with an equation's `params`: from jax 0.9
+    `get_bind_params` returns the parameters; before it, (subfuns, params)."""
+    bind_params = primitive.get_bind_params(params)
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+        return primitive.bind(*subfuns, *invals, **bind_params)
+    return primitive.bind(*invals, **bind_params)
 
 
 def cast_to_varying(x, axes: tuple[str, ...]):

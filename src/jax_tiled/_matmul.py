@@ -4,12 +4,20 @@ This module validates a product once, at trace time, and reduces it to the
 primitive's (B, M, K) x (B, K, N) form: 1-D operands get a unit axis, batch
 dimensions broadcast by NumPy rules and flatten into one (free for row-major
 arrays), and a batch that one zero stride cannot express is materialised.
+
+Outside `jit`, each public call is one cached jitted function, as
+`jnp.matmul` is: run op by op, each reshape around the product would be its
+own XLA computation with its own output buffer, a copy of an operand or of the
+result (a 4096 x 4096 float32 product then peaked at four times the output's
+memory over jnp's one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,13 +30,19 @@ from jax_tiled._primitive import (PRECISION_CODES, SUPPORTED_DTYPES, check_kerne
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
+# What `precision=` takes: None, a lax.Precision, its string names, or a pair.
+PrecisionLike = Any
+# What `preferred_element_type=` takes: None or anything np.dtype takes.
+DTypeLike = Any
+
 
 def _backend_platform(backend: str | None) -> str:
     backend = jax.default_backend() if backend is None else backend
     return {"gpu": "cuda"}.get(backend, backend)
 
 
-def kernels(backend: str | None = None, dtype=None, out_dtype=None, precision=None) -> list[str]:
+def kernels(backend: str | None = None, dtype: DTypeLike = None, out_dtype: DTypeLike = None,
+            precision: PrecisionLike = None) -> list[str]:
     """Kernels built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
     jax's default backend). Any of them can be forced with `matmul(..., kernel=)`.
 
@@ -49,12 +63,15 @@ def kernels(backend: str | None = None, dtype=None, out_dtype=None, precision=No
     names = _ffi.kernel_names(platform)
     if dtype is None:
         return list(names)
-    out_dtype = dtype if out_dtype is None else out_dtype
+    dtype = np.dtype(dtype)
+    out_dtype = dtype if out_dtype is None else np.dtype(out_dtype)
+    if dtype not in SUPPORTED_DTYPES or out_dtype not in SUPPORTED_DTYPES:
+        return []  # no kernel computes it: integer operands are promoted to a float first
     return [name for name in names
             if not _ffi.refusal(platform, name, dtype, out_dtype, precision=precision)]
 
 
-def _check_kernel(kernel) -> str:
+def _check_kernel(kernel: Any) -> str:
     if not isinstance(kernel, str):
         raise TypeError(f"jax_tiled.matmul: kernel must be a string, got {kernel!r}")
     known = {p: _ffi.kernel_names(p) for p in ("cpu", "cuda")}
@@ -77,7 +94,7 @@ def _one_precision(p) -> lax.Precision:
         "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', or a pair of them")
 
 
-def canonical_precision(precision) -> lax.Precision:
+def canonical_precision(precision: PrecisionLike) -> lax.Precision:
     """One lax.Precision for a product, honouring jax.default_matmul_precision.
     A per-operand pair takes the more precise of the two, as XLA does."""
     if precision is None:
@@ -91,12 +108,36 @@ def canonical_precision(precision) -> lax.Precision:
     return _one_precision(precision)
 
 
-def _check_float(name: str, dtype) -> np.dtype:
+def _check_float(name: str, dtype, api: str = "jax_tiled.matmul") -> np.dtype:
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"jax_tiled.matmul: unsupported dtype {dtype.name} for {name}; "
+        raise TypeError(f"{api}: unsupported dtype {dtype.name} for {name}; "
                         f"supported: {_SUPPORTED_NAMES}")
     return dtype
+
+
+def _is_integer(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer) or np.dtype(dtype) == np.bool_
+
+
+def check_operand_dtypes(lhs_dtype, rhs_dtype, api: str) -> None:
+    """Integer and bool operands are computed as the float they promote to;
+    a product of integers only is refused (the kernels compute in floating
+    point, and jnp's integer product wraps around where a float one rounds)."""
+    for name, dtype in (("a", lhs_dtype), ("b", rhs_dtype)):
+        if not _is_integer(dtype):
+            _check_float(name, dtype, api)
+    if _is_integer(lhs_dtype) and _is_integer(rhs_dtype):
+        raise TypeError(
+            f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
+            f"{np.dtype(rhs_dtype).name}) are not computed by jax_tiled's floating-point "
+            f"kernels; use jnp.matmul / lax.dot_general for them, or cast an operand to one "
+            f"of {_SUPPORTED_NAMES}")
+
+
+def broadcast_batch(a_batch, b_batch) -> tuple:
+    """NumPy broadcasting of two batch shapes, symbolic dimensions included."""
+    return tuple(lax.broadcast_shapes(tuple(a_batch), tuple(b_batch)))
 
 
 def _to_batch(x, x_batch, batch_shape, rows, cols):
@@ -125,11 +166,11 @@ class _Plan:
 def _canonicalize(a, b, precision, preferred_element_type, kernel):
     """Validates a product once and returns its canonical operands (a3, b3) and plan."""
     a, b = jnp.asarray(a), jnp.asarray(b)
-    _check_float("a", a.dtype)
-    _check_float("b", b.dtype)
+    check_operand_dtypes(a.dtype, b.dtype, "jax_tiled.matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("jax_tiled.matmul: operands must have at least 1 dimension, got shapes "
                          f"{a.shape} and {b.shape}")
+    # As jnp.matmul: int32 @ float32 is float32, int8 @ bfloat16 is bfloat16.
     dtype = _check_float("the promoted operands", jnp.result_type(a, b))
     out_dtype = dtype if preferred_element_type is None else _check_float(
         "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type))
@@ -145,7 +186,7 @@ def _canonicalize(a, b, precision, preferred_element_type, kernel):
         raise ValueError(f"jax_tiled.matmul: contracting dimensions differ: a{a.shape} has {k}, "
                          f"b{b.shape} has {k_b}")
     try:
-        batch_shape = np.broadcast_shapes(tuple(a_batch), tuple(b_batch))
+        batch_shape = broadcast_batch(a_batch, b_batch)
     except ValueError:
         raise ValueError(f"jax_tiled.matmul: batch dimensions of a{a.shape} and b{b.shape} "
                          "do not broadcast") from None
@@ -166,12 +207,17 @@ def _canonicalize(a, b, precision, preferred_element_type, kernel):
     return a3, b3, _Plan(out_dtype, precision, kernel, tuple(batch_shape), m, n, a_vector, b_vector)
 
 
-def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") -> jax.Array:
+def matmul(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike, *,
+           precision: PrecisionLike = None, preferred_element_type: DTypeLike = None,
+           out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
+           kernel: str = "auto") -> jax.Array:
     """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
 
     Args:
-      a, b: float16, bfloat16, float32 or float64 arrays of rank >= 1 (mixed
-        dtypes promote as in `jnp.matmul`).
+      a, b: arrays of rank >= 1. float16, bfloat16, float32 and float64 are
+        computed; mixed dtypes promote as in `jnp.matmul`, so an integer or
+        bool operand takes the other's float dtype (int32 @ float32 is
+        float32). A product of integers only raises TypeError.
       precision: None (honours `jax.default_matmul_precision`), a
         `lax.Precision`, one of its string names, or a pair. On CUDA, float32
         products run at DEFAULT on TF32 tensor cores, at HIGH in 3xTF32 split
@@ -179,8 +225,40 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
         fp32. Other dtypes are computed the same at every setting.
       preferred_element_type: output dtype (default: the promoted input dtype).
         Accumulation is float32, or float64 for float64.
-      kernel: "auto", or a kernel from `jax_tiled.kernels()` to force it.
+      out_sharding: the result's sharding, as `jnp.matmul` takes it (a
+        `NamedSharding`, or a `PartitionSpec` under `jax.set_mesh`, over
+        `AxisType.Explicit` mesh axes).
+      kernel: "auto", or a name from `jax_tiled.kernels()` to force that kernel.
     """
+    kernel = _check_kernel(kernel)
+    return _matmul_jit(_array_like(a), _array_like(b), precision=_hashable(precision),
+                       preferred_element_type=preferred_element_type,
+                       out_sharding=out_sharding, kernel=kernel)
+
+
+def _array_like(x):
+    """Lists and tuples as arrays, before jit would take them for pytrees."""
+    return np.asarray(x) if isinstance(x, (list, tuple)) else x
+
+
+def _hashable(x):
+    """Lists as tuples, so that an argument can be a static one of `jit`."""
+    return tuple(map(_hashable, x)) if isinstance(x, (list, tuple)) else x
+
+
+def reshard_result(out, out_sharding):
+    """The result with the sharding `out_sharding` asks for. Only explicit mesh
+    axes make a sharding part of a type, and `jax.sharding.reshard` refuses
+    others as `jnp.matmul` does."""
+    if out_sharding is None:
+        return out
+    return jax.sharding.reshard(out, out_sharding)
+
+
+# inline: inside a traced function this is the plain computation, no call in the jaxpr.
+@functools.partial(jax.jit, inline=True, static_argnames=(
+    "precision", "preferred_element_type", "out_sharding", "kernel"))
+def _matmul_jit(a, b, *, precision, preferred_element_type, out_sharding, kernel):
     a3, b3, plan = _canonicalize(a, b, precision, preferred_element_type, kernel)
     out = tiled_matmul(a3, b3, out_dtype=plan.out_dtype, precision=plan.precision,
                        kernel=plan.kernel)
@@ -189,11 +267,12 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, kernel="auto") 
         out = out.reshape(*out.shape[:-2], plan.n)
     if plan.b_vector:
         out = out.reshape(out.shape[:-1])
-    return out
+    return reshard_result(out, out_sharding)
 
 
-def explain(a, b, *, precision=None, preferred_element_type=None, kernel="auto",
-            backend=None) -> str:
+def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
+            preferred_element_type: DTypeLike = None, kernel: str = "auto",
+            backend: str | None = None) -> str:
     """Which kernel `matmul(a, b, ...)` runs on `backend` (default: jax's
     default backend), and why. a and b may be arrays or jax.ShapeDtypeStructs."""
     captured = {}

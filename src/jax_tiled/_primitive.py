@@ -53,7 +53,8 @@ def problem_dims(a_shape, b_shape, transpose_a, transpose_b):
         raise TypeError(
             f"tiled_matmul: contracting dimensions differ: a{tuple(a_shape)} has K={k} and "
             f"b{tuple(b_shape)} has K={kb} (transpose_a={transpose_a}, transpose_b={transpose_b})")
-    batch = max(ba, bb) if min(ba, bb) != 0 else 0
+    # Not max/min: a symbolic batch (jax.export) cannot be ordered against 1.
+    batch = bb if ba == 1 else ba
     if ba not in (1, batch) or bb not in (1, batch):
         raise TypeError(f"tiled_matmul: operand batches {ba} and {bb} must each be 1 or the same size")
     return batch, m, n, k
@@ -96,7 +97,7 @@ def _accumulation_dtype(dtype) -> np.dtype:
 def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     """x @ y through the kernel, reduced over the batch when the operand whose
     cotangent this is was broadcast (batch 1) against a larger batch."""
-    reduce = ct_aval.shape[0] == 1 and max(x.shape[0], y.shape[0]) > 1
+    reduce = ct_aval.shape[0] == 1 and not (x.shape[0] == 1 and y.shape[0] == 1)
     if (reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]
             and not (_sharding.splits_batch(x) or _sharding.splits_batch(y))):
         # Both operands are stored with the contracted axis as rows, so the batch

@@ -1,0 +1,84 @@
+"""Promotion as jnp.matmul promotes: an integer or bool operand mixed with a
+float takes the float's dtype; integer-only products are refused (TypeError,
+tests/test_errors.py); kernels() lists nothing for a dtype no kernel computes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tiled
+from helpers import random_array, x64
+
+PAIRS = [
+    (np.int32, np.float32), (np.float32, np.int32), (np.int8, jnp.bfloat16),
+    (np.uint8, jnp.float16), (np.bool_, np.float32), (jnp.bfloat16, np.int16),
+    (np.int32, jnp.float16),
+]
+
+
+def small_integers(rng, shape, dtype):
+    x = random_array(rng, shape, np.float64, integers=True)
+    if np.dtype(dtype) == np.bool_:
+        return x > 0
+    if np.issubdtype(dtype, np.unsignedinteger):
+        x = np.abs(x)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", PAIRS, ids=str)
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 7), (7, 3)), ((2, 5, 7), (7,)), ((7,), (7, 3))],
+                         ids=str)
+def test_matmul_promotes_as_jnp(platform, rng, a_dtype, b_dtype, a_shape, b_shape):
+    a = small_integers(rng, a_shape, a_dtype)
+    b = small_integers(rng, b_shape, b_dtype)
+    want = jnp.matmul(a, b)
+    for f in (jax_tiled.matmul, jax.jit(jax_tiled.matmul)):
+        out = f(a, b)
+        assert out.dtype == want.dtype and out.shape == want.shape
+        # Small integers: every product and sum is exact in every float type here.
+        np.testing.assert_array_equal(np.asarray(out, np.float64), np.asarray(want, np.float64))
+
+
+def test_promotion_reaches_the_kernel_and_gradient(rng):
+    a = small_integers(rng, (4, 6), np.int8)
+    w = random_array(rng, (6, 3), jnp.bfloat16)
+    text = str(jax.make_jaxpr(jax_tiled.matmul)(a, w))
+    assert "tiled_matmul[" in text and "dot_general[" not in text
+    g = jax.grad(lambda w: jax_tiled.matmul(a, w).astype(np.float32).sum())(w)
+    want = jax.grad(lambda w: jnp.matmul(a, w).astype(np.float32).sum())(w)
+    assert g.dtype == want.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(want, np.float64))
+
+
+def test_int64_with_float32_under_x64(rng):
+    with x64():
+        a = small_integers(rng, (3, 4), np.int64)
+        b = random_array(rng, (4, 2), np.float32)
+        out, want = jax_tiled.matmul(a, b), jnp.matmul(a, b)
+        assert out.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)
+
+
+def test_preferred_element_type_with_integer_operand(rng):
+    a = small_integers(rng, (4, 6), np.int32)
+    b = random_array(rng, (6, 3), jnp.bfloat16)
+    out = jax_tiled.matmul(a, b, preferred_element_type=jnp.float32)
+    want = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    assert out.dtype == want.dtype == jnp.float32
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64,
+                                   jnp.float8_e4m3fn], ids=lambda d: np.dtype(d).name)
+def test_kernels_lists_nothing_for_a_dtype_no_kernel_computes(dtype):
+    assert jax_tiled.kernels("cpu", dtype) == []
+    assert jax_tiled.kernels("cpu", jnp.float32, out_dtype=dtype) == []
+    assert jax_tiled.kernels("gpu", dtype) == []
+
+
+def test_kernels_lists_the_computed_dtypes():
+    for dtype in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64):
+        assert jax_tiled.kernels("cpu", dtype) == ["blocked"]
