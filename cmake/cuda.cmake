@@ -29,9 +29,32 @@ message(STATUS "CUDA module: on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectu
 
 # Kernels and the FFI handler are compiled by nvcc into a static library; the
 # nanobind module itself is plain C++ and only hands out the handler symbols.
-# The tensor-core rungs' many template instances build in their own units.
+# Every kernel of the ladder is a cpp/cuda/kernels/<n>_<technique>.cu file.
+file(GLOB JAX_TILED_KERNEL_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/cpp/cuda/kernels/*.cu")
+
+# The tensor-core kernels' launchers, instantiated once per input type in
+# generated units (kernel.h, JAX_TILED_PER_INPUT_LAUNCHER).
+set(JAX_TILED_PER_INPUT_LAUNCHERS
+  "5_mma_sync_pipelined:LaunchMmaFor"
+  "6_wgmma_tma_warp_specialized:LaunchWgmmaFor")
+set(JAX_TILED_INSTANCE_SOURCES)
+foreach(entry IN LISTS JAX_TILED_PER_INPUT_LAUNCHERS)
+  string(REPLACE ":" ";" parts "${entry}")
+  list(GET parts 0 KERNEL)
+  list(GET parts 1 LAUNCHER)
+  foreach(pair "f16:__half" "bf16:__nv_bfloat16" "f32:float")
+    string(REPLACE ":" ";" pair "${pair}")
+    list(GET pair 0 suffix)
+    list(GET pair 1 INPUT)
+    set(unit "${CMAKE_CURRENT_BINARY_DIR}/instances/${KERNEL}_${suffix}.cu")
+    configure_file("${PROJECT_SOURCE_DIR}/cmake/instance.cu.in" "${unit}" @ONLY)
+    list(APPEND JAX_TILED_INSTANCE_SOURCES "${unit}")
+  endforeach()
+endforeach()
+
 add_library(jax_tiled_cuda_kernels STATIC
-  cpp/cuda/matmul.cu cpp/cuda/mma_launches.cu cpp/cuda/wgmma_launches.cu)
+  cpp/cuda/handler.cu cpp/cuda/kernel_table.cu cpp/cuda/auto.cu
+  ${JAX_TILED_KERNEL_SOURCES} ${JAX_TILED_INSTANCE_SOURCES})
 target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp)
 target_include_directories(jax_tiled_cuda_kernels SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 set_target_properties(jax_tiled_cuda_kernels PROPERTIES

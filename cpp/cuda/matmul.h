@@ -1,4 +1,6 @@
-// The CUDA FFI handler and the kernel names it accepts.
+// What the nanobind module needs of the CUDA side: the FFI handler, the
+// kernel names, and auto's choice and the refusals for a problem before
+// buffers exist. Plain C++: module.cc includes no CUDA headers.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +10,8 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled::cuda {
-// Comma-separated, in the order jax_tiled.kernels("cuda") lists them.
-inline constexpr const char* kKernelNames = "smem,smem16,regblock,warptile,pipelined,mma,wgmma";
+// Comma-separated, in ladder order: what jax_tiled.kernels("cuda") lists.
+std::string KernelNames();
 
 // A problem as the lowering sees it, before buffers exist: contiguous
 // operands a (batch_a, m, k) or (batch_a, k, m) when transposed, b (batch_b,
@@ -19,7 +21,7 @@ struct ProblemShape {
   bool transpose_a, transpose_b;
 };
 
-// "<rung>: <why>" for what kernel="auto" runs on this problem from `dtype`
+// "<kernel>: <why>; runs <plan>" for what kernel="auto" runs on this problem from `dtype`
 // inputs to an `out_dtype` result (numpy's names) at `precision` (the FFI
 // attribute's code) on a GPU with that many SMs and compute capability
 // (major * 10 + minor).
@@ -27,11 +29,7 @@ std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
                         const ProblemShape& shape, int precision, int multiprocessors,
                         int compute_capability);
 
-// Why rung `kernel` cannot run this problem, or "" if it can: some rungs are
-// built for some dtypes only (their copies or instructions do not convert),
-// the tensor-core rungs cannot give float32 the true fp32 arithmetic that
-// precision HIGHEST asks for, and the Hopper rung needs operands its copy
-// engine can read.
+// Why `kernel` cannot run this problem, or "" if it can (kernel.h, Refusal).
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
                           std::string_view out_dtype, const ProblemShape& shape, int precision,
                           int compute_capability);

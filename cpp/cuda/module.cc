@@ -14,7 +14,7 @@ NB_MODULE(_cuda, m) {
     targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
     return targets;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
-  m.def("kernels", [] { return nb::str(jax_tiled::cuda::kKernelNames); },
+  m.def("kernels", [] { return jax_tiled::cuda::KernelNames(); },
         "Comma-separated names of the kernels this module runs.");
   // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b), then
   // the precision as the FFI attribute codes it (0 DEFAULT, 1 HIGH, 2 HIGHEST).
@@ -30,7 +30,7 @@ NB_MODULE(_cuda, m) {
         nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"),
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
         nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
-        "'<rung>: <why>' for what kernel='auto' runs on this problem (no GPU needed).");
+        "'<kernel>: <why>; runs <plan>' for what kernel='auto' runs on this problem (no GPU needed).");
   m.def("kernel_refusal",
         [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
            int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,

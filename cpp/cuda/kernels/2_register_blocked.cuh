@@ -1,10 +1,10 @@
-// Rung 1.5, "regblock": 2-D register blocking on top of rung 1's shared tiles.
+// Kernel 2, "regblock": 2-D register blocking on top of kernel 1's shared tiles.
 //
-// Rung 1 spends two shared-memory loads on every FMA. Here a 64 x 64 output
+// Kernel 1 spends two shared-memory loads on every FMA. Here a 64 x 64 output
 // block is computed by 64 threads, each owning an 8 x 8 register block: per k
 // it loads 8 values of A and 8 of B into registers and does 64 FMAs with them,
 // 8x fewer shared loads per FMA. Everything else stays simple on purpose:
-// scalar guarded loads, one shared buffer, two barriers per K phase. Rung 2
+// scalar guarded loads, one shared buffer, two barriers per K phase. Kernel 3
 // (warptile) adds what this leaves out: vector loads, warp-aware layouts that
 // make each register fill a single 16-byte shared load, and a pipelined copy.
 #pragma once
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/common.cuh"
+#include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -97,10 +97,16 @@ __global__ void __launch_bounds__(Shape::kThreads)
   }
 }
 
+// 64 x 64 output tiles, 8 deep in K, 8 x 8 outputs per thread.
+struct RegisterBlocked {
+  static constexpr int kBlock = 64, kDepth = 8, kThreadTile = 8;
+};
+
 template <class In, class Out, class Acc>
 cudaError_t LaunchRegisterBlocked(const MatmulDims& dims, const In* a, const In* b, Out* out,
                                   cudaStream_t stream) {
-  constexpr int kBlock = 64, kDepth = 8, kThreadTile = 8;
+  constexpr int kBlock = RegisterBlocked::kBlock, kDepth = RegisterBlocked::kDepth,
+                kThreadTile = RegisterBlocked::kThreadTile;
   using Shape = RegisterBlockShape<kBlock, kDepth, kThreadTile>;
   RegisterBlockedMatmul<Shape, kBlock, kDepth, kThreadTile, In, Out, Acc>
       <<<OutputTileGrid(dims, kBlock, kBlock), Shape::kThreads, 0, stream>>>(dims, a, b, out);

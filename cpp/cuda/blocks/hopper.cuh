@@ -1,4 +1,4 @@
-// Hopper (sm_90a) building blocks shared by the TMA + wgmma rungs: tensor maps
+// Hopper (sm_90a) building blocks shared by the TMA + wgmma kernels: tensor maps
 // for the copy engine, mbarriers that its copies complete on, shared-memory
 // matrix descriptors for wgmma's 128-byte swizzle, and the wgmma instructions
 // (16-bit from shared memory; TF32 with A from registers).
@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/kernels/async_copy.cuh"
+#include "cuda/blocks/async_copy.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define JAX_TILED_SM90A 1

@@ -1,14 +1,14 @@
-// Rung 3, "pipelined": rung 2's warp tiling fed by a multi-stage cp.async
+// Kernel 4, "pipelined": kernel 3's warp tiling fed by a multi-stage cp.async
 // pipeline, float32 inputs only.
 //
-// What it fixes in rung 2 (see NOTES.md): there, every K slab went global ->
+// What it fixes in kernel 3 (see NOTES.md): there, every K slab went global ->
 // registers -> shared, so each thread held 8 staging registers and spent
 // per-slab instructions converting, re-checking bounds and storing, and only
 // one slab was ever in flight. Here the copy engine moves global -> shared
 // directly (cp.async), kStages - 1 slabs ahead of the FMAs, with one barrier
 // per slab. The copies cannot convert dtypes, hence float32 only.
 //
-// Tiles are K-major as in rung 2. An operand stored with its free axis
+// Tiles are K-major as in kernel 3. An operand stored with its free axis
 // contiguous (A transposed, B plain) arrives in 16-byte copies, zero-filled
 // past the matrix edge; one stored with K contiguous (A plain, B transposed)
 // is transposed by 4-byte copies, 8 consecutive k of 4 rows per warp, which
@@ -19,9 +19,9 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/async_copy.cuh"
-#include "cuda/kernels/common.cuh"
-#include "cuda/kernels/simt_warptiled.cuh"
+#include "cuda/blocks/async_copy.cuh"
+#include "cuda/blocks/common.cuh"
+#include "cuda/kernels/3_simt_warptiled.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -168,14 +168,6 @@ cudaError_t LaunchPipelinedWith(const MatmulDims& dims, const float* a, const fl
       dims, a, b, out, QuadAligned(a, dims.lda, dims.a_batch_stride),
       QuadAligned(b, dims.ldb, dims.b_batch_stride));
   return cudaGetLastError();
-}
-
-template <class Out>
-cudaError_t LaunchPipelined(const MatmulDims& dims, const float* a, const float* b, Out* out,
-                            cudaStream_t stream, int multiprocessors) {
-  if (WarpTileUsesLargeBlocks(dims, multiprocessors))
-    return LaunchPipelinedWith<PipelinedLarge, Out>(dims, a, b, out, stream);
-  return LaunchPipelinedWith<PipelinedSmall, Out>(dims, a, b, out, stream);
 }
 
 }  // namespace jax_tiled::cuda

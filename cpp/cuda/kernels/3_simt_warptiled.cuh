@@ -1,7 +1,7 @@
-// Rung 2, "warptile": register-blocked, warp-tiled SIMT matmul with 16-byte
+// Kernel 3, "warptile": register-blocked, warp-tiled SIMT matmul with 16-byte
 // vector loads and a double-buffered global -> shared pipeline.
 //
-// What it fixes in rung 1 (see NOTES.md): there, every FMA needed two shared
+// What it fixes in kernel 1 (see NOTES.md): there, every FMA needed two shared
 // loads. Here each thread owns an 8 x 8 block of the output (two 4 x 4 quads
 // in each direction), so per k step it reads 8 values of A and 8 of B with four
 // 16-byte shared loads and does 64 FMAs from registers. Warps own 32 x 64
@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/common.cuh"
+#include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -250,14 +250,6 @@ inline bool WarpTileUsesLargeBlocks(const MatmulDims& dims, int multiprocessors)
   const int64_t large_blocks = dims.batch * ((dims.m + WarpTileLarge::kBlockM - 1) / WarpTileLarge::kBlockM) *
                                ((dims.n + WarpTileLarge::kBlockN - 1) / WarpTileLarge::kBlockN);
   return large_blocks >= 2 * multiprocessors;
-}
-
-template <class In, class Out, class Acc>
-cudaError_t LaunchWarpTiled(const MatmulDims& dims, const In* a, const In* b, Out* out,
-                            cudaStream_t stream, int multiprocessors) {
-  if (WarpTileUsesLargeBlocks(dims, multiprocessors))
-    return LaunchWarpTiledWith<WarpTileLarge, In, Out, Acc>(dims, a, b, out, stream);
-  return LaunchWarpTiledWith<WarpTileSmall, In, Out, Acc>(dims, a, b, out, stream);
 }
 
 }  // namespace jax_tiled::cuda

@@ -1,4 +1,4 @@
-// Rung 1, "smem": the shared-memory tiled matmul of Programming Massively
+// Kernel 1, "smem": the shared-memory tiled matmul of Programming Massively
 // Parallel Processors, ch. 4-5. The readable reference of the ladder.
 //
 // A kTile x kTile thread block owns one kTile x kTile output tile. It walks K
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/common.cuh"
+#include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
 

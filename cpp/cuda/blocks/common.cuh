@@ -1,4 +1,4 @@
-// What every CUDA rung shares: the problem as a kernel sees it, conversions
+// What every CUDA kernel shares: the problem as a kernel sees it, conversions
 // to and from the accumulator, and the grid over output tiles.
 #pragma once
 

@@ -1,9 +1,9 @@
-// Rung 4, "mma": tensor cores through warp-wide mma.sync (sm_80+, also runs
+// Kernel 5, "mma": tensor cores through warp-wide mma.sync (sm_80+, also runs
 // on sm_90), bfloat16 or float16 inputs, or float32 ones as TF32 (one pass, or
 // three for close to float32 precision: tf32.cuh), accumulated in float32, fed
-// by rung 3's multi-stage cp.async pipeline.
+// by kernel 4's multi-stage cp.async pipeline.
 //
-// What it fixes in rung 3 (see NOTES.md): there, every multiply-add was an
+// What it fixes in kernel 4 (see NOTES.md): there, every multiply-add was an
 // FFMA issued by one thread, and the loop ran out of issue slots (FFMA 71% of
 // issued instructions, 0.8 issued per scheduler per cycle) at about 0.75x of
 // jnp.matmul. One mma.sync.m16n8k16 does 16 x 8 x 16 multiply-adds for the
@@ -50,9 +50,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/kernels/async_copy.cuh"
-#include "cuda/kernels/common.cuh"
-#include "cuda/kernels/tf32.cuh"
+#include "cuda/blocks/async_copy.cuh"
+#include "cuda/blocks/common.cuh"
+#include "cuda/blocks/tf32.cuh"
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 
@@ -602,8 +603,8 @@ cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const typename Cfg::Input*
 // __nv_bfloat16 or float. Accumulates in float. Needs sm_80+; k > 0 and a
 // non-empty output.
 template <class In, class Out, bool kSplit = false>
-cudaError_t LaunchMmaSync(const MatmulDims& dims, const In* a, const In* b, Out* out,
-                          cudaStream_t stream, int multiprocessors) {
+cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const In* a,
+                          const In* b, Out* out, cudaStream_t stream) {
   static_assert(!kSplit || std::is_same_v<In, float>, "only float32 inputs are split");
   const bool vector =
       ChunkAligned(a, dims.lda, dims.transpose_a ? dims.k : dims.m, dims.a_batch_stride,
@@ -613,9 +614,8 @@ cudaError_t LaunchMmaSync(const MatmulDims& dims, const In* a, const In* b, Out*
   const bool pairs = reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0 &&
                      (dims.m == 1 || dims.ldc % 2 == 0) &&
                      (dims.batch == 1 || dims.out_batch_stride % 2 == 0);
-  return WithMmaFlag(MmaUsesLargeBlocks(dims, multiprocessors), [&](auto large) {
-    using Cfg = std::conditional_t<decltype(large)::value, MmaLarge<In, kSplit>,
-                                   MmaSmall<In, kSplit>>;
+  return WithConfig<MmaLarge<In, kSplit>, MmaSmall<In, kSplit>>(plan, [&](auto cfg) {
+    using Cfg = decltype(cfg);
     return WithMmaFlag(!dims.transpose_a, [&](auto a_k_major) {
       return WithMmaFlag(dims.transpose_b, [&](auto b_k_major) {
         return WithMmaFlag(vector, [&](auto vector_copies) {
@@ -625,6 +625,23 @@ cudaError_t LaunchMmaSync(const MatmulDims& dims, const In* a, const In* b, Out*
         });
       });
     });
+  });
+}
+
+inline constexpr Takes kMmaTakes = TensorCoreTakes(80, /*hopper_only=*/false);
+
+// The descriptor's launcher for one input type, instantiated per input in
+// its own translation unit (kernel.h, JAX_TILED_PER_INPUT_LAUNCHER).
+template <class In>
+cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out,
+                         cudaStream_t stream) {
+  return VisitOutput<kMmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
+    using Out = decltype(result);
+    const auto* a = static_cast<const In*>(p.a);
+    const auto* b = static_cast<const In*>(p.b);
+    if constexpr (std::is_same_v<In, float>)
+      if (p.SplitsTf32()) return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
+    return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
   });
 }
 

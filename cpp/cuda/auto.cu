@@ -1,0 +1,86 @@
+#include "cuda/auto.h"
+
+#include <string>
+
+namespace jax_tiled::cuda {
+namespace {
+
+const KernelDescriptor& Kernel(const char* name) { return *FindKernel(name); }
+
+bool IsSixteenBit(ffi::DataType t) { return t == ffi::DataType::F16 || t == ffi::DataType::BF16; }
+
+// "16-bit inputs", or how float32 runs on the tensor cores at this precision.
+std::string TensorCoreInputs(const Product& p) {
+  if (IsSixteenBit(p.in_type)) return "16-bit inputs";
+  return std::string("float32 at precision ") +
+         (p.SplitsTf32() ? "HIGH: 3xTF32 (three TF32 products of split operands, close to fp32)"
+                         : "DEFAULT: one TF32 pass, as XLA's own");
+}
+
+// Why the Hopper kernel cannot take a product the tensor cores compute.
+std::string WhyNotWgmma(const Product& p, const DeviceFacts& device) {
+  const MatmulDims& d = p.dims;
+  if (device.compute_capability != 90) return "wgmma needs a Hopper GPU";
+  if (p.in_type == ffi::DataType::F32 && d.transpose_a && !d.transpose_b)
+    return "TF32 wgmma needs a K-major operand in shared memory and a stored (k, m) with b "
+           "stored (k, n) has none";
+  return "the TMA copy engine needs rows and batches that start at multiples of 16 bytes "
+         "(a's rows are " + std::to_string(d.lda) + " elements, b's " + std::to_string(d.ldb) +
+         ")";
+}
+
+}  // namespace
+
+KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string* why) {
+  // Statics: the table is searched once, not on every call.
+  static const KernelDescriptor &smem16 = Kernel("smem16"), &warptile = Kernel("warptile"),
+                                &pipelined = Kernel("pipelined"), &mma = Kernel("mma"),
+                                &wgmma = Kernel("wgmma");
+  const auto choose = [&](const KernelDescriptor& kernel, auto&& reason) {
+    if (why) *why = reason();
+    return KernelChoice{&kernel, kernel.plan(p, device)};
+  };
+  const int cc = device.compute_capability;
+  const bool tf32 =
+      p.in_type == ffi::DataType::F32 && p.precision != Precision::kHighest && cc >= 80;
+  if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != ffi::DataType::F64) {
+    if (!Refusal(wgmma, p, cc))
+      return choose(wgmma, [&] {
+        return TensorCoreInputs(p) + " on a Hopper GPU, operands the TMA copy engine can read: "
+               "warp-specialised wgmma" + (tf32 ? ", A through registers" : "") +
+               (wgmma.plan(p, device).swap_ab ? " (TF32 reads B K-major only)" : "");
+      });
+    return choose(mma, [&] {
+      return TensorCoreInputs(p) + ": mma.sync tensor cores, since " + WhyNotWgmma(p, device);
+    });
+  }
+  if (p.in_type == ffi::DataType::F64)
+    return choose(smem16, [] {
+      return "float64: warptile would spill its 64 double accumulators per thread";
+    });
+  if (p.dims.m < 64 || p.dims.n < 64)
+    return choose(smem16, [] {
+      return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding";
+    });
+  // warptile's planner takes 128 x 128 blocks once they fill every SM twice.
+  const std::string sms = std::to_string(device.multiprocessors);
+  if (warptile.plan(p, device).block_m == 128)
+    return choose(warptile, [&] {
+      return "128 x 128 blocks of 8 warps fill the " + sms + " SMs at least twice; there the "
+             "register-staged copies beat pipelined's cp.async";
+    });
+  const auto small = [&] {
+    return "64 x 64 blocks of 2 warps, since 128 x 128 blocks would not fill the " + sms +
+           " SMs twice";
+  };
+  if (!Refusal(pipelined, p, cc))
+    return choose(pipelined, [&] {
+      return small() + "; with few warps per SM the 4-stage cp.async pipeline hides latency best";
+    });
+  return choose(warptile, [&] {
+    return small() + "; " + DataTypeName(p.in_type) + " -> " + DataTypeName(p.out_type) +
+           " needs warptile's converting copies";
+  });
+}
+
+}  // namespace jax_tiled::cuda

@@ -1,0 +1,145 @@
+// The CUDA FFI handler: validate the problem, take the forced kernel or
+// auto's choice from the table (kernel.h), launch its plan on XLA's stream.
+//
+// The execute stage neither synchronises with the host nor allocates, so the
+// handler is safe to capture into a CUDA graph (the command-buffer trait).
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "cuda/auto.h"
+#include "cuda/kernel.h"
+#include "cuda/matmul.h"
+#include "ffi_common.h"
+#include "problem.h"
+
+namespace jax_tiled::cuda {
+namespace {
+
+MatmulDims ToDims(const MatmulProblem& p) {
+  return {p.batch, p.m, p.n, p.k,
+          p.a_batch_stride, p.b_batch_stride, p.out_batch_stride,
+          p.lda(), p.ldb(), p.ldc(),
+          p.transpose_a, p.transpose_b};
+}
+
+ffi::Error CudaError(const char* what, cudaError_t err) {
+  return ffi::Error::Internal(std::string("tiled_matmul: ") + what + ": " +
+                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// The current device's facts, read once per device: a driver query on every
+// call would cost more than a small matmul.
+DeviceFacts CurrentDevice() {
+  static std::atomic<int> multiprocessors[64], capability[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return {};
+  // multiprocessors is stored last (release): once seen, capability is there too.
+  DeviceFacts facts;
+  facts.multiprocessors = multiprocessors[device].load(std::memory_order_acquire);
+  facts.compute_capability = capability[device].load(std::memory_order_relaxed);
+  if (facts.multiprocessors == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&facts.multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return {};
+    facts.compute_capability = 10 * major + minor;
+    capability[device].store(facts.compute_capability, std::memory_order_relaxed);
+    multiprocessors[device].store(facts.multiprocessors, std::memory_order_release);
+  }
+  return facts;
+}
+
+std::optional<ffi::DataType> ParseDtype(std::string_view name) {
+  for (ffi::DataType t : {ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32,
+                          ffi::DataType::F64})
+    if (name == DataTypeName(t)) return t;
+  return std::nullopt;
+}
+
+std::optional<Precision> ParsePrecision(int code) {
+  if (code < 0 || code > 2) return std::nullopt;
+  return static_cast<Precision>(code);
+}
+
+// A product of contiguous operands of these shapes, before buffers exist.
+std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dtype,
+                                 const ProblemShape& s, int precision) {
+  const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
+  const std::optional<Precision> mode = ParsePrecision(precision);
+  if (!in_type || !out_type || !mode) return std::nullopt;
+  return Product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
+                                                  s.transpose_a, s.transpose_b)),
+                 *in_type, *out_type, *mode};
+}
+
+ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
+                      ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
+                      int32_t precision, std::string_view kernel) {
+  auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
+  if (problem.has_error()) return problem.error();
+  const MatmulProblem& p = problem.value();
+  const bool is_auto = p.kernel == "auto";
+  const KernelDescriptor* const forced = is_auto ? nullptr : FindKernel(p.kernel);
+  if (!is_auto && !forced) return UnknownKernel("CUDA", p.kernel, KernelNames());
+  const Product product{ToDims(p), p.in_type, p.out_type, p.precision, a.untyped_data(),
+                        b.untyped_data()};
+  const DeviceFacts device = CurrentDevice();
+  if (forced)
+    if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))
+      return ffi::Error::InvalidArgument("tiled_matmul: " + *why);
+  if (p.empty_output()) return ffi::Error::Success();
+  if (p.k == 0) {  // an empty sum; 0.0 is all-zero bits in every supported dtype
+    const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
+    return err == cudaSuccess ? ffi::Error::Success() : CudaError("zero fill failed", err);
+  }
+  const KernelChoice choice =
+      forced ? KernelChoice{forced, forced->plan(product, device)} : ChooseAuto(product, device);
+  const cudaError_t err = choice.kernel->launch(choice.plan, product, out->untyped_data(), stream);
+  return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
+}
+
+}  // namespace
+
+std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
+                        const ProblemShape& shape, int precision, int multiprocessors,
+                        int compute_capability) {
+  const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
+  if (!product)
+    return "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
+           " or precision code " + std::to_string(precision);
+  std::string why;
+  const KernelChoice choice =
+      ChooseAuto(*product, {multiprocessors, compute_capability}, &why);
+  return std::string(choice.kernel->name) + ": " + why + "; runs " + choice.plan.Describe();
+}
+
+std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
+                          std::string_view out_dtype, const ProblemShape& shape, int precision,
+                          int compute_capability) {
+  const KernelDescriptor* const k = FindKernel(kernel);
+  const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
+  if (!k || !product) return "";  // reported elsewhere, with the valid choices
+  return Refusal(*k, *product, compute_capability).value_or("");
+}
+
+}  // namespace jax_tiled::cuda
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTiledMatmulCuda, jax_tiled::cuda::MatmulCuda,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: every launch goes here
+        .Arg<xla::ffi::AnyBuffer>()     // a: (batch_a, m, k), or (batch_a, k, m) transposed
+        .Arg<xla::ffi::AnyBuffer>()     // b: (batch_b, k, n), or (batch_b, n, k) transposed
+        .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
+        .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
+        .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
+        .Attr<int32_t>("precision")     // 0 DEFAULT (TF32), 1 HIGH (3xTF32), 2 HIGHEST (fp32)
+        .Attr<std::string_view>("kernel"),  // "auto" or a name from KernelNames()
+    {xla::ffi::Traits::kCmdBufferCompatible});

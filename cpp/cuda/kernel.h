@@ -1,0 +1,224 @@
+// What a kernel of the ladder tells the rest of the package about itself.
+//
+// Each kernel file (kernels/<n>_<technique>.cu) defines one KernelDescriptor;
+// kernel_table.cu lists them in ladder order. Names, jax_tiled.kernels(),
+// refusals, kernel="auto" and explain are all derived from that table, and
+// what explain prints is the LaunchPlan the launcher runs. NOTES.md, "Adding a
+// kernel", has the recipe.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "cuda/blocks/common.cuh"
+#include "ffi_common.h"
+#include "problem.h"
+
+namespace jax_tiled::cuda {
+
+// What the planners and refusals need to know of the GPU.
+struct DeviceFacts {
+  int multiprocessors = 132;
+  int compute_capability = 90;  // major * 10 + minor
+};
+
+// One product as a kernel is asked to run it. The operand pointers are null
+// when planning before buffers exist (explain, kernels()): XLA aligns its
+// buffers far beyond 16 bytes, so null stands for any of them.
+struct Product {
+  MatmulDims dims;
+  ffi::DataType in_type, out_type;
+  Precision precision;
+  const void* a = nullptr;
+  const void* b = nullptr;
+
+  // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.
+  bool SplitsTf32() const {
+    return in_type == ffi::DataType::F32 && precision == Precision::kHigh;
+  }
+};
+
+// What a planner chose and its launcher runs: the block's output tile, the
+// slabs its pipeline keeps in shared memory (0: none), whether it computes
+// C^T = B^T A^T in place of C = A B, and for a persistent kernel the blocks
+// that walk the tiles (0: one block per tile).
+struct LaunchPlan {
+  int block_m = 0, block_n = 0, stages = 0;
+  bool swap_ab = false;
+  int persistent_blocks = 0;
+
+  // Whether a configuration with plan `cfg` runs this plan.
+  bool SameConfig(const LaunchPlan& cfg) const {
+    return block_m == cfg.block_m && block_n == cfg.block_n && stages == cfg.stages;
+  }
+  // "128 x 256 tiles, 4 stages", for explain.
+  std::string Describe() const;
+};
+
+namespace detail {
+template <class Cfg, class = void>
+struct StagesOf : std::integral_constant<int, 0> {};
+template <class Cfg>
+struct StagesOf<Cfg, std::void_t<decltype(Cfg::kStages)>>
+    : std::integral_constant<int, Cfg::kStages> {};
+}  // namespace detail
+
+// The plan a kernel's compile-time configuration runs.
+template <class Cfg>
+constexpr LaunchPlan PlanOf(bool swap_ab = false, int persistent_blocks = 0) {
+  return {Cfg::kBlockM, Cfg::kBlockN, detail::StagesOf<Cfg>::value, swap_ab, persistent_blocks};
+}
+
+// Calls f(Cfg{}) for the configuration among Cfgs that `plan` names: a
+// launcher runs what its planner chose, never a choice of its own. A plan
+// that names none is a planner bug, reported as an invalid launch.
+template <class... Cfgs, class F>
+cudaError_t WithConfig(const LaunchPlan& plan, F&& f) {
+  cudaError_t err = cudaErrorInvalidValue;
+  bool found = false;
+  auto try_one = [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    if (!found && plan.SameConfig(PlanOf<Cfg>())) found = true, err = f(cfg);
+  };
+  (try_one(Cfgs{}), ...);
+  return err;
+}
+
+// The set of float dtypes a kernel reads or writes, one bit each.
+enum DtypeBit : uint8_t { kF16 = 1, kBF16 = 2, kF32 = 4, kF64 = 8 };
+inline constexpr uint8_t kSixteenBit = kF16 | kBF16;
+inline constexpr uint8_t kEveryFloat = kF16 | kBF16 | kF32 | kF64;
+
+constexpr uint8_t DtypeBits(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F16: return kF16;
+    case ffi::DataType::BF16: return kBF16;
+    case ffi::DataType::F32: return kF32;
+    case ffi::DataType::F64: return kF64;
+    default: return 0;
+  }
+}
+
+// What a kernel takes, for refusals and for compiling only the products it
+// computes. Refusals of layouts and alignments, which depend on the problem,
+// are the descriptor's refuses_layout.
+struct Takes {
+  uint8_t inputs = kEveryFloat, outputs = kEveryFloat;
+  // Whether float32 inputs get true fp32 arithmetic (precision HIGHEST); the
+  // tensor-core kernels compute float32 as TF32 (DEFAULT) or 3xTF32 (HIGH).
+  bool true_fp32 = true;
+  int min_capability = 0;    // major * 10 + minor
+  bool hopper_only = false;  // arch-specific sm_90a instructions: 9.0 exactly
+  const char* dtype_reason = "";  // why inputs/outputs are limited, for the refusal
+
+  constexpr bool TakesDtypes(ffi::DataType in, ffi::DataType out) const {
+    return (inputs & DtypeBits(in)) && (outputs & DtypeBits(out));
+  }
+};
+
+inline constexpr Takes kTakesEveryFloat{};
+
+// The tensor-core kernels: 16-bit inputs, or float32 as TF32, into a float32
+// accumulator and a 16- or 32-bit result.
+constexpr Takes TensorCoreTakes(int min_capability, bool hopper_only) {
+  return {kSixteenBit | kF32, kSixteenBit | kF32, false, min_capability, hopper_only,
+          "tensor-core instructions"};
+}
+
+// The storage type of a dtype in device code.
+template <ffi::DataType T> struct StorageOf;
+template <> struct StorageOf<ffi::DataType::F16> { using type = __half; };
+template <> struct StorageOf<ffi::DataType::BF16> { using type = __nv_bfloat16; };
+template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
+template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
+template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
+
+// The accumulator of a product: float64 when either side is float64.
+template <class In, class Out>
+using AccumulatorOf =
+    std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>, double, float>;
+
+// Calls f(In{}) with the storage type of `in_type`, for the inputs kTakes
+// admits only, so a launcher compiles nothing else. The handler has refused
+// the others; reaching one is an invalid launch.
+template <const Takes& kTakes, class F>
+cudaError_t VisitInput(ffi::DataType in_type, F&& f) {
+  cudaError_t err = cudaErrorInvalidValue;
+  VisitFloatType(in_type, [&](auto tag) {
+    constexpr ffi::DataType kIn = decltype(tag)::value;
+    if constexpr ((kTakes.inputs & DtypeBits(kIn)) != 0) err = f(Storage<kIn>{});
+    return ffi::Error::Success();
+  });
+  return err;
+}
+
+// The same for the result's storage type.
+template <const Takes& kTakes, class F>
+cudaError_t VisitOutput(ffi::DataType out_type, F&& f) {
+  cudaError_t err = cudaErrorInvalidValue;
+  VisitFloatType(out_type, [&](auto tag) {
+    constexpr ffi::DataType kOut = decltype(tag)::value;
+    if constexpr ((kTakes.outputs & DtypeBits(kOut)) != 0) err = f(Storage<kOut>{});
+    return ffi::Error::Success();
+  });
+  return err;
+}
+
+// Calls f(In{}, Out{}) for the product's storage types.
+template <const Takes& kTakes, class F>
+cudaError_t VisitStorage(const Product& p, F&& f) {
+  return VisitInput<kTakes>(p.in_type, [&](auto in) {
+    return VisitOutput<kTakes>(p.out_type, [&](auto out) { return f(in, out); });
+  });
+}
+
+// The plan of a kernel with one configuration, whatever the product.
+template <int kBlockM, int kBlockN>
+LaunchPlan FixedPlan(const Product&, const DeviceFacts&) {
+  return {kBlockM, kBlockN};
+}
+
+// The signature of a launcher instantiated once per input type, each in its
+// own translation unit (cmake/cuda.cmake generates them), so the heaviest
+// kernels compile in parallel; the kernel's .cu file sees them through
+// JAX_TILED_EXTERN_PER_INPUT.
+#define JAX_TILED_PER_INPUT_LAUNCHER(Launcher, In) \
+  cudaError_t Launcher<In>(const LaunchPlan&, const Product&, void*, cudaStream_t)
+#define JAX_TILED_EXTERN_PER_INPUT(Launcher)                               \
+  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __half);          \
+  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __nv_bfloat16);   \
+  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, float);
+
+// One kernel of the ladder, as the handler, auto and explain see it.
+struct KernelDescriptor {
+  const char* name;
+  // Offered by jax_tiled.kernels() and open to auto; false for kernels that
+  // exist for the test suite only.
+  bool listed;
+  Takes takes;
+  // Why it cannot run a product whose dtypes and precision it takes (layout,
+  // alignment), or nullopt; null when every layout runs.
+  std::optional<std::string> (*refuses_layout)(const Product&);
+  // The launch configuration for a product it takes, on this GPU.
+  LaunchPlan (*plan)(const Product&, const DeviceFacts&);
+  // Runs that plan on `stream`. k > 0 and a non-empty output.
+  cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, cudaStream_t stream);
+};
+
+// The kernels in ladder order (kernel_table.cu).
+const KernelDescriptor* const* Kernels();
+int KernelCount();
+const KernelDescriptor* FindKernel(std::string_view name);
+
+// Why `kernel` cannot run `product` on this GPU, or nullopt if it can. No
+// strings are built unless it cannot, so the launch path may call it.
+std::optional<std::string> Refusal(const KernelDescriptor& kernel, const Product& product,
+                                   int compute_capability);
+
+}  // namespace jax_tiled::cuda

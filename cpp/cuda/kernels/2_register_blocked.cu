@@ -1,0 +1,24 @@
+// Kernel 2's descriptor, "regblock".
+#include "cuda/kernel.h"
+#include "cuda/kernels/2_register_blocked.cuh"
+
+namespace jax_tiled::cuda {
+namespace {
+
+cudaError_t Launch(const LaunchPlan&, const Product& p, void* out, cudaStream_t stream) {
+  return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
+    using In = decltype(in);
+    using Out = decltype(result);
+    return LaunchRegisterBlocked<In, Out, AccumulatorOf<In, Out>>(
+        p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
+        stream);
+  });
+}
+
+}  // namespace
+
+extern const KernelDescriptor kRegisterBlocked{
+    "regblock", true, kTakesEveryFloat, nullptr,
+    FixedPlan<RegisterBlocked::kBlock, RegisterBlocked::kBlock>, Launch};
+
+}  // namespace jax_tiled::cuda

@@ -1,0 +1,30 @@
+// Kernel 3's descriptor, "warptile".
+#include "cuda/kernel.h"
+#include "cuda/kernels/3_simt_warptiled.cuh"
+
+namespace jax_tiled::cuda {
+namespace {
+
+LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
+  return WarpTileUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<WarpTileLarge>()
+                                                                 : PlanOf<WarpTileSmall>();
+}
+
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+  return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
+    using In = decltype(in);
+    using Out = decltype(result);
+    return WithConfig<WarpTileLarge, WarpTileSmall>(plan, [&](auto cfg) {
+      return LaunchWarpTiledWith<decltype(cfg), In, Out, AccumulatorOf<In, Out>>(
+          p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b),
+          static_cast<Out*>(out), stream);
+    });
+  });
+}
+
+}  // namespace
+
+extern const KernelDescriptor kSimtWarpTiled{"warptile", true, kTakesEveryFloat, nullptr, Plan,
+                                             Launch};
+
+}  // namespace jax_tiled::cuda

@@ -1,0 +1,33 @@
+// Kernel 4's descriptor, "pipelined".
+#include "cuda/kernel.h"
+#include "cuda/kernels/4_simt_cp_async_pipelined.cuh"
+
+namespace jax_tiled::cuda {
+namespace {
+
+// cp.async copies float32 as it is, into a float32 accumulator.
+constexpr Takes kTakes{kF32, kSixteenBit | kF32, true, 80, false, "its cp.async copies cannot convert"};
+
+// The same block shapes as warptile, for the same reason.
+LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
+  return WarpTileUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<PipelinedLarge>()
+                                                                 : PlanOf<PipelinedSmall>();
+}
+
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+  return VisitOutput<kTakes>(p.out_type, [&](auto result) {
+    using Out = decltype(result);
+    return WithConfig<PipelinedLarge, PipelinedSmall>(plan, [&](auto cfg) {
+      return LaunchPipelinedWith<decltype(cfg), Out>(p.dims, static_cast<const float*>(p.a),
+                                                     static_cast<const float*>(p.b),
+                                                     static_cast<Out*>(out), stream);
+    });
+  });
+}
+
+}  // namespace
+
+extern const KernelDescriptor kSimtCpAsyncPipelined{"pipelined", true, kTakes, nullptr, Plan,
+                                                    Launch};
+
+}  // namespace jax_tiled::cuda

@@ -1,0 +1,27 @@
+// Kernel 5's descriptor, "mma".
+#include "cuda/kernel.h"
+#include "cuda/kernels/5_mma_sync_pipelined.cuh"
+
+namespace jax_tiled::cuda {
+
+JAX_TILED_EXTERN_PER_INPUT(LaunchMmaFor)
+
+namespace {
+
+// The block shapes depend neither on the input type nor on 3xTF32.
+LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
+  return MmaUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<MmaLarge<float>>()
+                                                            : PlanOf<MmaSmall<float>>();
+}
+
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+  return VisitInput<kMmaTakes>(p.in_type, [&](auto in) {
+    return LaunchMmaFor<decltype(in)>(plan, p, out, stream);
+  });
+}
+
+}  // namespace
+
+extern const KernelDescriptor kMmaSyncPipelined{"mma", true, kMmaTakes, nullptr, Plan, Launch};
+
+}  // namespace jax_tiled::cuda

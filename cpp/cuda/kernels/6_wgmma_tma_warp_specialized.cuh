@@ -1,0 +1,581 @@
+// Kernel 6, "wgmma": Hopper tensor cores fed by the copy engine, bfloat16,
+// float16 or float32 (TF32, one pass or three: tf32.cuh) inputs, float32
+// accumulation.
+//
+// What it fixes in kernel 5 ("mma", see NOTES.md): there, every warp staged
+// its fragments from shared memory into registers with ldmatrix before each
+// mma.sync, and every thread spent issue slots on cp.async addresses. Here
+// - the copy engine (TMA) moves whole 128-byte-swizzled boxes into shared
+//   memory, one instruction per box from one thread, zero-filling past the
+//   matrix edges, and signals an mbarrier when the bytes have landed;
+// - wgmma reads both operands straight from shared memory (either
+//   major-ness: the transposes of the VJP cost nothing), 64 x kBlockN x 16
+//   per instruction per warpgroup, asynchronously;
+// - warp specialisation: one producer warpgroup (one thread issuing TMA,
+//   registers handed back with setmaxnreg) runs kStages slabs ahead of two
+//   consumer warpgroups, each owning 64 rows of the 128 x kBlockN tile, over
+//   a full/empty mbarrier queue;
+// - a persistent grid, one block per SM, walks the output tiles in
+//   TileOrder, so the producer fetches the next tile while the consumers
+//   store the last one.
+//
+// float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
+// Its A operand may come from registers instead, loaded by the consumers from
+// the swizzled tile in whatever layout it arrived (ElementOffset), so:
+// - B stored K-major (transpose_b): A from registers, either layout;
+// - B stored MN-major (the plain a @ b): the kernel computes C^T = B^T A^T,
+//   where B^T is the register operand and A^T is K-major when a is stored
+//   (m, k), and the epilogue writes C transposed back (each 8-lane group
+//   still writes 32 contiguous bytes);
+// - both MN-major (a stored (k, m), b (k, n)) has no arrangement without a
+//   transposing copy; WgmmaCanTake refuses it and "auto" runs it on "mma".
+// 3xTF32 needs B split into hi and lo as well: the producer warpgroup's idle
+// warps split each landed B slab in place (hi) and into a second buffer (lo)
+// before releasing the stage to the consumers, which split A in registers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/blocks/common.cuh"
+#include "cuda/blocks/hopper.cuh"
+#include "cuda/blocks/tf32.cuh"
+#include "cuda/kernel.h"
+
+namespace jax_tiled::cuda {
+
+template <int kBlockN_, int kStages_>
+struct WgmmaConfig {
+  static constexpr int kConsumers = 2;            // warpgroups, 64 output rows each
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+};
+
+// 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
+// 3xTF32 stages carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
+using WgmmaWide = WgmmaConfig<256, 4>;
+using WgmmaNarrow = WgmmaConfig<128, 6>;
+using WgmmaSplit = WgmmaConfig<128, 4>;
+
+// What one kernel instance reads and writes:
+//   In: the operands' type; float means TF32, with A from registers.
+//   kAMnMajor, kBMnMajor: the operands' layouts as the copy engine lands them.
+//   kSplit: 3xTF32 rather than one TF32 pass.
+//   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
+//     it writes element (i, j) of its result to C[j][i].
+template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
+          bool kTransposedOut_ = false>
+struct WgmmaOperands {
+  using In = In_;
+  static constexpr bool kAMnMajor = kAMnMajor_, kBMnMajor = kBMnMajor_;
+  static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
+  static constexpr bool kTf32 = std::is_same_v<In, float>;
+  static_assert(!kTf32 || !kBMnMajor, "TF32 wgmma reads B K-major only");
+  static_assert(kTf32 || (!kSplit && !kTransposedOut), "16-bit products need neither");
+};
+
+template <class Cfg, class Ops>
+struct WgmmaTiles {
+  using A = hopper::SwizzledTile<typename Ops::In, Ops::kAMnMajor, Cfg::kBlockM>;
+  using B = hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor, Cfg::kBlockN>;
+  static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
+  static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
+  static constexpr int kBLoBytes = Ops::kSplit ? B::kBytes : 0;
+  static constexpr int kStageBytes = A::kBytes + B::kBytes + kBLoBytes;
+  // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
+  // align the start.
+  static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
+};
+
+// This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
+// for 3xTF32 lo. 16-bit A is read from shared memory and needs none.
+template <class Ops, int kSteps, bool = Ops::kTf32>
+struct AFragments {
+  __device__ __forceinline__ void Fence() {}
+};
+template <class Ops, int kSteps>
+struct AFragments<Ops, kSteps, true> {
+  uint32_t hi[kSteps][4];
+  uint32_t lo[Ops::kSplit ? kSteps : 1][4];
+
+  // Element (r, k) of A, r = row0 + g (+ 8), k = 8 step + t (+ 4) with
+  // g = lane / 4, t = lane % 4: wgmma's TF32 A layout for warp rows row0.
+  template <class Tile>
+  __device__ __forceinline__ void Load(const uint8_t* tile, int row0, int lane) {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
+        const float x = *reinterpret_cast<const float*>(tile + Tile::ElementOffset(row, k));
+        if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);
+        else hi[step][i] = RoundToTf32(x);
+      }
+  }
+
+  __device__ __forceinline__ void Fence() {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      hopper::FenceRegisters(hi[step]);
+      if constexpr (Ops::kSplit) hopper::FenceRegisters(lo[step]);
+    }
+  }
+};
+
+// The block's shared memory: kStages stages of an A tile, a B tile and, for
+// 3xTF32, B's lo half; then per stage a full, an empty and (3xTF32) a landed
+// barrier. Aligned to the 128-byte swizzle's 1 KB period.
+template <class Cfg, class Ops>
+struct WgmmaStages {
+  using Tiles = WgmmaTiles<Cfg, Ops>;
+  uint8_t* base;
+  uint64_t* full;    // the consumers may read the stage
+  uint64_t* empty;   // the consumers are done with it
+  uint64_t* landed;  // 3xTF32: copied, B not yet split
+
+  __device__ __forceinline__ explicit WgmmaStages(uint8_t* shared_raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 *
+                                        1024)),
+        full(reinterpret_cast<uint64_t*>(base + Cfg::kStages * Tiles::kStageBytes)),
+        empty(full + Cfg::kStages),
+        landed(empty + Cfg::kStages) {}
+
+  __device__ __forceinline__ uint8_t* A(int stage) const {
+    return base + stage * Tiles::kStageBytes;
+  }
+  __device__ __forceinline__ uint8_t* B(int stage) const { return A(stage) + Tiles::A::kBytes; }
+  __device__ __forceinline__ uint8_t* BLo(int stage) const { return B(stage) + Tiles::B::kBytes; }
+
+  // By one thread, before the block's first __syncthreads.
+  __device__ __forceinline__ void Init(int splitters) const {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      // The producer's arrival (the copy engine adds the bytes), or every splitter's.
+      hopper::InitBarrier(&full[s], Ops::kSplit ? splitters : 1);
+      hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers);  // every consumer warp
+      if constexpr (Ops::kSplit) hopper::InitBarrier(&landed[s], 1);
+    }
+    hopper::FenceBarrierInit();
+  }
+};
+
+// A walk around the ring of stages: the stage, and the parity of the pass.
+template <int kStages>
+struct StageCursor {
+  int stage = 0;
+  uint32_t parity = 0;
+  __device__ __forceinline__ void Advance() {
+    if (++stage == kStages) stage = 0, parity ^= 1;
+  }
+};
+
+// Warpgroup 0. One thread issues the copy engine's loads, kStages slabs ahead
+// of the consumers; for 3xTF32 the other three warps split each landed B slab
+// into hi (in place) and lo (beside it) before the consumers may read it. The
+// rest of its registers go to the consumers (setmaxnreg).
+template <class Cfg, class Ops>
+struct WgmmaProducer {
+  using Stages = WgmmaStages<Cfg, Ops>;
+  using Tiles = typename Stages::Tiles;
+  static constexpr int kSplitters = 96;  // the warpgroup's threads past its first warp
+
+  __device__ __forceinline__ static void Run(const Stages& stages, const CUtensorMap* a_map,
+                                             const CUtensorMap* b_map, const MatmulDims& dims,
+                                             const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
+                                             int64_t slabs) {
+    hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      Copy(stages, a_map, b_map, dims, order, slabs);
+    } else if constexpr (Ops::kSplit) {
+      if (threadIdx.x >= 32) SplitB(stages, order, slabs, threadIdx.x - 32);
+    }
+  }
+
+ private:
+  __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
+                                              const CUtensorMap* b_map, const MatmulDims& dims,
+                                              const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
+                                              int64_t slabs) {
+    uint64_t* const copied = Ops::kSplit ? stages.landed : stages.full;
+    StageCursor<Cfg::kStages> at;
+    for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+      int64_t batch, row0, col0;
+      order.Locate(tile, batch, row0, col0);
+      const int64_t a_batch = dims.a_batch_stride ? batch : 0;
+      const int64_t b_batch = dims.b_batch_stride ? batch : 0;
+      for (int64_t slab = 0; slab < slabs; ++slab) {
+        hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);  // the consumers released it
+        hopper::ArriveExpectingBytes(&copied[at.stage], Tiles::A::kBytes + Tiles::B::kBytes);
+        Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], row0, slab * Tiles::kSlab,
+                       a_batch);
+        Tiles::B::Load(stages.B(at.stage), b_map, &copied[at.stage], col0, slab * Tiles::kSlab,
+                       b_batch);
+        at.Advance();
+      }
+    }
+  }
+
+  __device__ __forceinline__ static void SplitB(const Stages& stages,
+                                                const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
+                                                int64_t slabs, int splitter) {
+    StageCursor<Cfg::kStages> at;
+    for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+      for (int64_t slab = 0; slab < slabs; ++slab) {
+        hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
+        uint4* const hi = reinterpret_cast<uint4*>(stages.B(at.stage));
+        uint4* const lo = reinterpret_cast<uint4*>(stages.BLo(at.stage));
+        for (int i = splitter; i < Tiles::B::kBytes / 16; i += kSplitters) {
+          uint4 h = hi[i], l;
+          SplitTf32(__uint_as_float(h.x), h.x, l.x);
+          SplitTf32(__uint_as_float(h.y), h.y, l.y);
+          SplitTf32(__uint_as_float(h.z), h.z, l.z);
+          SplitTf32(__uint_as_float(h.w), h.w, l.w);
+          hi[i] = h;
+          lo[i] = l;
+        }
+        hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
+        hopper::Arrive(&stages.full[at.stage]);
+        at.Advance();
+      }
+    }
+  }
+};
+
+// Warpgroups 1 and 2, 64 rows of the tile each: wgmma over the tile's slabs
+// into acc, releasing each stage to the producer once its wgmmas retired.
+template <class Cfg, class Ops>
+struct WgmmaConsumer {
+  using Stages = WgmmaStages<Cfg, Ops>;
+  using Tiles = typename Stages::Tiles;
+  using A = AFragments<Ops, Tiles::kSteps>;
+
+  float acc[Cfg::kBlockN / 2];
+  // 3xTF32: each slab's sum, added into acc with rounded float adds (tf32.cuh).
+  float slab_sum[Ops::kSplit ? Cfg::kBlockN / 2 : 1];
+  // TF32 A operands of two slabs: one being read by wgmmas in flight, one loading.
+  A even, odd;
+  StageCursor<Cfg::kStages> at;
+  const int a_rows;  // this warpgroup's first row of the tile
+  const int warp, lane;
+
+  __device__ __forceinline__ WgmmaConsumer()
+      : a_rows(64 * (threadIdx.x / 128 - 1)), warp(threadIdx.x / 32 % 4), lane(threadIdx.x % 32) {
+    hopper::GrowRegisters<Cfg::kConsumerRegisters>();
+  }
+
+  // acc = this warpgroup's rows of the tile's product.
+  __device__ __forceinline__ void Mainloop(const Stages& stages, int64_t slabs) {
+    int previous = -1;  // the stage whose wgmmas may still be reading
+    if constexpr (Ops::kSplit)
+#pragma unroll
+      for (float& x : acc) x = 0.0f;
+    // Unconditional pairs, so ptxas can see that a buffer is reloaded only
+    // after the wait that retired its last readers (else it serialises wgmma).
+    for (int64_t slab = 0; slab + 1 < slabs; slab += 2) {
+      Consume(stages, slab, even, previous);
+      Consume(stages, slab + 1, odd, previous);
+    }
+    if (slabs % 2) Consume(stages, slabs - 1, even, previous);
+    hopper::WgmmaWait<0>();
+    hopper::FenceAccumulators(acc);
+    if (!Ops::kSplit && lane == 0) hopper::Arrive(&stages.empty[previous]);
+  }
+
+ private:
+  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, A& a,
+                                          int& previous) {
+    hopper::WaitBarrier(&stages.full[at.stage], at.parity);
+    const uint8_t* const a_stage = stages.A(at.stage);
+    if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
+    a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
+    hopper::WgmmaFence();
+    auto b = [&](int step) { return Tiles::B::Descriptor(stages.B(at.stage), 0, step); };
+    if constexpr (Ops::kSplit) {
+      // Into a fresh slab sum: the small terms of every step first, so only
+      // the four big ones are added (truncated) into a large partial sum.
+#pragma unroll
+      for (int step = 0; step < Tiles::kSteps; ++step) {
+        hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.lo[step], b(step), step > 0);
+        hopper::WgmmaTf32<Cfg::kBlockN>(
+            slab_sum, a.hi[step], Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
+      }
+#pragma unroll
+      for (int step = 0; step < Tiles::kSteps; ++step)
+        hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.hi[step], b(step), 1);
+      hopper::WgmmaCommit();
+      // The other consumer warpgroup keeps the tensor cores busy meanwhile.
+      hopper::WgmmaWait<0>();
+      hopper::FenceAccumulators(slab_sum);
+#pragma unroll
+      for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += slab_sum[i];
+      if (lane == 0) hopper::Arrive(&stages.empty[at.stage]);
+    } else {
+#pragma unroll
+      for (int step = 0; step < Tiles::kSteps; ++step) {
+        const int first = slab > 0 || step > 0;  // 0: the tile's first product overwrites
+        if constexpr (Ops::kTf32)
+          hopper::WgmmaTf32<Cfg::kBlockN>(acc, a.hi[step], b(step), first);
+        else
+          hopper::Wgmma<Cfg::kBlockN, typename Ops::In, Ops::kAMnMajor, Ops::kBMnMajor>(
+              acc, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), first);
+      }
+      hopper::WgmmaCommit();
+      // Keep this slab's wgmmas in flight; the previous slab's are done, so
+      // its stage can go back to the producer and its A registers be reloaded.
+      hopper::WgmmaWait<1>();
+      if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
+      previous = at.stage;
+    }
+    at.Advance();
+  }
+};
+
+// Writes a consumer's accumulators to the caller's C, straight from
+// registers. The accumulator layout of m64nN: per 8 columns, a thread holds
+// rows r and r + 8 (r = 16 * warp + lane / 4), columns 2 * (lane % 4) + {0, 1}.
+template <class Cfg, class Ops, class Out>
+struct WgmmaEpilogue {
+  __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
+                                               const MatmulDims& dims, Out* out, int64_t batch,
+                                               int64_t row0, int64_t col0, bool paired_stores) {
+    const float* const acc = consumer.acc;
+    const int lane = consumer.lane;
+    Out* const c = out + batch * dims.out_batch_stride;
+    const int64_t row = row0 + consumer.a_rows + 16 * consumer.warp + lane / 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = row + 8 * half;
+      if (r >= dims.m) continue;
+#pragma unroll
+      for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
+        const int64_t col = col0 + 8 * j + 2 * (lane % 4);
+        const float x = acc[4 * j + 2 * half], y = acc[4 * j + 2 * half + 1];
+        if constexpr (Ops::kTransposedOut) {
+          if (col < dims.n) c[col * dims.ldc + r] = FromAccumulator<Out>(x);
+          if (col + 1 < dims.n) c[(col + 1) * dims.ldc + r] = FromAccumulator<Out>(y);
+          continue;
+        }
+        Out* const c_row = c + r * dims.ldc;
+        if (paired_stores && col + 1 < dims.n) {
+          StorePair(c_row + col, x, y);
+        } else {
+          if (col < dims.n) c_row[col] = FromAccumulator<Out>(x);
+          if (col + 1 < dims.n) c_row[col + 1] = FromAccumulator<Out>(y);
+        }
+      }
+    }
+  }
+
+ private:
+  // Two adjacent columns as one store; `at` is aligned to the pair.
+  __device__ __forceinline__ static void StorePair(Out* at, float x, float y) {
+    if constexpr (std::is_same_v<Out, float>) {
+      *reinterpret_cast<float2*>(at) = make_float2(x, y);
+    } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+      *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
+    } else {
+      *reinterpret_cast<__half2*>(at) = __floats2half2_rn(x, y);
+    }
+  }
+};
+
+// The kernel: the producer, and consumers that run the mainloop and the
+// epilogue for each of the block's tiles. A persistent grid walks the tiles
+// in TileOrder, so the producer fetches the next tile while the consumers
+// store the last one.
+template <class Cfg, class Ops, class Out>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
+                const __grid_constant__ CUtensorMap b_map, MatmulDims dims, Out* __restrict__ out,
+                bool paired_stores) {
+#if JAX_TILED_SM90A
+  using Producer = WgmmaProducer<Cfg, Ops>;
+  extern __shared__ uint8_t shared_raw[];
+  const WgmmaStages<Cfg, Ops> stages(shared_raw);
+  if (threadIdx.x == 0) {
+    hopper::PrefetchTensorMap(&a_map);
+    hopper::PrefetchTensorMap(&b_map);
+    stages.Init(Producer::kSplitters);
+  }
+  __syncthreads();
+
+  const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
+  const int64_t slabs = (dims.k + WgmmaTiles<Cfg, Ops>::kSlab - 1) / WgmmaTiles<Cfg, Ops>::kSlab;
+  if (threadIdx.x < 128) {
+    Producer::Run(stages, &a_map, &b_map, dims, order, slabs);
+    return;
+  }
+  WgmmaConsumer<Cfg, Ops> consumer;
+  for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+    int64_t batch, row0, col0;
+    order.Locate(tile, batch, row0, col0);
+    consumer.Mainloop(stages, slabs);
+    WgmmaEpilogue<Cfg, Ops, Out>::Store(consumer, dims, out, batch, row0, col0, paired_stores);
+  }
+#endif
+}
+
+// The copy engine's view of op(A) (free axis M) or op(B) (free axis N).
+template <class In>
+hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent,
+                                int64_t k, int64_t ld, int64_t batch_stride, int64_t batch,
+                                int free_box) {
+  return {base,
+          k_contiguous ? k : free_extent,
+          k_contiguous ? free_extent : k,
+          batch_stride ? batch : 1,
+          ld,
+          batch_stride,
+          k_contiguous ? free_box : hopper::kSwizzleElements<In>,
+          static_cast<int>(sizeof(In))};
+}
+
+template <class In>
+hopper::OperandLayout OperandA(const MatmulDims& d, const void* a, int box_m) {
+  return OperandOf<In>(a, !d.transpose_a, d.m, d.k, d.lda, d.a_batch_stride, d.batch, box_m);
+}
+template <class In>
+hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
+  return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
+}
+
+// TF32 reads B K-major only: with B stored MN-major (the plain a @ b), the
+// kernel computes C^T = B^T A^T (see the top of this file).
+inline bool WgmmaSwapsAB(bool tf32, const MatmulDims& d) { return tf32 && !d.transpose_b; }
+
+// The problem a wgmma kernel runs for the caller's: the caller's own, or
+// C^T = B^T A^T.
+struct WgmmaArrangement {
+  MatmulDims dims;
+  const void* a;
+  const void* b;
+  bool transposed_out;
+};
+
+inline WgmmaArrangement ArrangeWgmma(const MatmulDims& d, const void* a, const void* b,
+                                     bool swap_ab) {
+  if (!swap_ab) return {d, a, b, false};
+  MatmulDims t = d;
+  t.m = d.n, t.n = d.m;
+  t.a_batch_stride = d.b_batch_stride, t.b_batch_stride = d.a_batch_stride;
+  t.lda = d.ldb, t.ldb = d.lda;
+  t.transpose_a = !d.transpose_b, t.transpose_b = !d.transpose_a;
+  return {t, b, a, true};  // ldc and the output's batch stride stay the caller's
+}
+
+// TF32 cannot run a stored (k, m) with b stored (k, n): no arrangement puts
+// a K-major operand in shared memory.
+inline bool WgmmaLayoutFits(bool tf32, const MatmulDims& d) {
+  return !tf32 || !d.transpose_a || d.transpose_b;
+}
+
+// Whether the copy engine can read both operands (16-byte-aligned rows and
+// batches, coordinates within 32 bits) as the kernel would arrange them.
+template <class In>
+bool WgmmaCanTake(const MatmulDims& d, const void* a, const void* b) {
+  const WgmmaArrangement w = ArrangeWgmma(d, a, b, WgmmaSwapsAB(std::is_same_v<In, float>, d));
+  return hopper::TmaCanTake(OperandA<In>(w.dims, w.a, WgmmaWide::kBlockM)) &&
+         hopper::TmaCanTake(OperandB<In>(w.dims, w.b, WgmmaWide::kBlockN));
+}
+
+// 128 x 256 tiles unless they would leave a third of the SMs idle.
+inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
+  const int64_t wide_tiles = d.batch * ((d.m + 127) / 128) * ((d.n + 255) / 256);
+  return 3 * wide_tiles >= 2 * static_cast<int64_t>(multiprocessors);
+}
+
+template <class Cfg, class Ops, class Out>
+cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+                            int persistent_blocks) {
+  using In = typename Ops::In;
+  const MatmulDims& dims = w.dims;
+  CUtensorMap a_map, b_map;
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Cfg::kBlockM), &a_map))
+    return err;
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map))
+    return err;
+  constexpr auto kernel = WgmmaMatmul<Cfg, Ops, Out>;
+  constexpr int kShared = WgmmaTiles<Cfg, Ops>::kSharedBytes;
+  if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
+  const dim3 grid(static_cast<unsigned>(persistent_blocks));
+  // Pairs of columns go out as one store when every row starts aligned to them.
+  const bool paired_stores = dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
+                             reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0;
+  kernel<<<grid, Cfg::kThreads, kShared, stream>>>(a_map, b_map, dims, out, paired_stores);
+  return cudaGetLastError();
+}
+
+template <class Cfg, class In, class Out, bool kSplit>
+cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+                               int blocks) {
+  // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
+  const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
+  if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
+    if (w.transposed_out)  // A = B^T of the caller's B stored (k, n): MN-major
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(
+          w, out, stream, blocks);
+    if (a_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, stream,
+                                                                          blocks);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, stream,
+                                                                         blocks);
+  } else {
+    if (a_mn && b_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, stream, blocks);
+    if (a_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, stream, blocks);
+    if (b_mn)
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, stream, blocks);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, stream, blocks);
+  }
+}
+
+inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
+
+// The plan for a product: 3xTF32 on WgmmaSplit, else wide tiles where they
+// fill the GPU; swapped for TF32 with B stored MN-major; a persistent grid of
+// one block per SM, or per tile where there are fewer.
+inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
+  const bool swap_ab = WgmmaSwapsAB(p.in_type == ffi::DataType::F32, p.dims);
+  const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
+  LaunchPlan plan = p.SplitsTf32() ? PlanOf<WgmmaSplit>(swap_ab)
+                    : WgmmaUsesWideTiles(arranged, multiprocessors) ? PlanOf<WgmmaWide>(swap_ab)
+                                                                    : PlanOf<WgmmaNarrow>(swap_ab);
+  const int64_t tiles = arranged.batch * ((arranged.m + plan.block_m - 1) / plan.block_m) *
+                        ((arranged.n + plan.block_n - 1) / plan.block_n);
+  plan.persistent_blocks = static_cast<int>(std::min<int64_t>(tiles, multiprocessors));
+  return plan;
+}
+
+// The descriptor's launcher for one input type (kernel.h,
+// JAX_TILED_PER_INPUT_LAUNCHER).
+template <class In>
+cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
+                           cudaStream_t stream) {
+  constexpr bool kTf32 = std::is_same_v<In, float>;
+  if (!WgmmaLayoutFits(kTf32, p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims))
+    return cudaErrorInvalidValue;
+  const WgmmaArrangement w = ArrangeWgmma(p.dims, p.a, p.b, plan.swap_ab);
+  return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
+    using Out = decltype(result);
+    Out* const c = static_cast<Out*>(out);
+    if constexpr (kTf32)
+      if (p.SplitsTf32())
+        return WithConfig<WgmmaSplit>(plan, [&](auto cfg) {
+          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, stream,
+                                                                  plan.persistent_blocks);
+        });
+    return WithConfig<WgmmaWide, WgmmaNarrow>(plan, [&](auto cfg) {
+      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, stream,
+                                                               plan.persistent_blocks);
+    });
+  });
+}
+
+}  // namespace jax_tiled::cuda
