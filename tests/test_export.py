@@ -21,6 +21,8 @@ from helpers import F32, HIGHEST, random_array
 import flatbuffers  # noqa: F401  (a test dependency: jax.export serializes with it)
 
 b, m, k, n = export.symbolic_shape("b, m, k, n")
+# The target jax.export lowers for: that of the default backend.
+TARGET = "tiled_matmul_cuda" if jax.default_backend() == "gpu" else "tiled_matmul_cpu"
 
 
 def S(*shape):
@@ -64,7 +66,7 @@ CASES = [
 def test_export_with_symbolic_shapes_round_trip(rng, name, f, reference, args, calls):
     exported = export.export(jax.jit(f), disabled_checks=jax_tiled.export_disabled_checks())(*args)
     text = exported.mlir_module()
-    assert "tiled_matmul_cpu" in text and "stablehlo.dot_general" not in text
+    assert TARGET in text and "stablehlo.dot_general" not in text
     # jnp exports the same function with the same result types.
     theirs = export.export(jax.jit(reference))(*args)
     assert exported.out_avals == theirs.out_avals
@@ -78,7 +80,7 @@ def test_export_with_symbolic_shapes_round_trip(rng, name, f, reference, args, c
 
 
 def test_export_without_disabled_checks_names_the_custom_call():
-    with pytest.raises(ValueError, match="tiled_matmul_cpu"):
+    with pytest.raises(ValueError, match=TARGET):
         export.export(jax.jit(jax_tiled.matmul))(S(b, m, k), S(k, n))
 
 
@@ -92,7 +94,8 @@ LOADER = Path(__file__).resolve().parent / "scripts" / "export_loader.py"
 
 
 def test_the_loading_process_must_import_jax_tiled(tmp_path):
-    exported = export.export(jax.jit(jax_tiled.matmul),
+    # For the CPU, where the loading process runs.
+    exported = export.export(jax.jit(jax_tiled.matmul), platforms=("cpu",),
                              disabled_checks=jax_tiled.export_disabled_checks())(S(b, k), S(k, n))
     blob = tmp_path / "matmul.jax"
     blob.write_bytes(exported.serialize())

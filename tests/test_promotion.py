@@ -57,7 +57,8 @@ def test_int64_with_float32_under_x64(rng):
     with x64():
         a = small_integers(rng, (3, 4), np.int64)
         b = random_array(rng, (4, 2), np.float32)
-        out, want = jax_tiled.matmul(a, b), jnp.matmul(a, b)
+        with jax.default_matmul_precision("highest"):  # true fp32 on GPUs too
+            out, want = jax_tiled.matmul(a, b), jnp.matmul(a, b)
         assert out.dtype == want.dtype
         np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)
 
