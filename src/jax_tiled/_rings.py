@@ -86,9 +86,11 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
             total = partial if total is None else lax.ppermute(total, axes, forward) + partial
         piece = total.astype(product.out_dtype)
         if gather:
-            # Each piece's gather is issued as soon as its ring ends, ahead of the
-            # next piece's products.
-            piece = lax.all_gather(piece, axes, axis=0, tiled=False)
+            # Each piece's gather starts as soon as its ring ends, so that it runs
+            # behind the next piece's products; a ring of ppermutes as well, so
+            # that the program holds no all-gather, whose presence then flags an
+            # operand gathered by the partitioner.
+            piece = _gather_blocks(piece, axes, n, index, forward)
         results.append(piece)
     if not gather:
         return lax.slice_in_dim(jnp.concatenate(results, axis=dim), 0, block, axis=dim)
@@ -98,6 +100,15 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
     shape = list(stacked.shape)
     merged = shape[:dim] + [n * block] + shape[dim + 2:]
     return lax.slice_in_dim(stacked.reshape(merged), 0, size, axis=dim)
+
+
+def _gather_blocks(x, axes, n, index, forward):
+    """(n, *x.shape): the x of every device of `axes`, in device order."""
+    out = lax.dynamic_update_index_in_dim(jnp.zeros((n, *x.shape), x.dtype), x, index, 0)
+    for s in range(1, n):
+        x = lax.ppermute(x, axes, forward)  # device i - s's block
+        out = lax.dynamic_update_index_in_dim(out, x, (index - s) % n, 0)
+    return out
 
 
 def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
