@@ -1,7 +1,7 @@
 """Multi-GPU scaling of jax_tiled.matmul under jit with sharded operands.
 
-    NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype bfloat16]
-        [--precision default] [--chunks 1 2 4] [--devices 2]
+    NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
+        [--precision highest] [--chunks 1 2 4] [--no-overlap] [--devices 2]
 
 Times each layout below on 1 device and on `--devices` (default: every device
 of the machine), for jax_tiled.matmul and for jnp.matmul under the same
@@ -56,8 +56,8 @@ def check(out, expected, dtype) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=8192)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--precision", default="default")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--precision", default="highest")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--devices", type=int, default=None)
     parser.add_argument("--chunks", type=int, nargs="+", default=[None],

@@ -11,9 +11,14 @@ sharded operand onto every device (jax-ml/jax#32098). So the lowering
   as it treats `dot_general`;
 - `partition` turns the shardings it is offered into one assignment of mesh axes
   to the factors batch, M, N, K, and returns the per-device program: `call`
-  on local blocks, then, where K is split, a sum over those mesh axes
-  (a reduce-scatter where the result is wanted sharded on them; the padded
-  tail of a K its axes do not divide is zeroed first);
+  on local blocks; where K is split, a sum over those mesh axes (a
+  reduce-scatter where the result is wanted sharded on them; the padded tail
+  of a K its axes do not divide is zeroed first); and where an operand's M or
+  N is split on axes the result gives to the other free dimension, a gather of
+  that operand. With `jax_tiled.overlap` enabled (the default) the sum and
+  the gather are rings of `ppermute`s interleaved with the products
+  (`_rings.py`), otherwise one collective each (the gather then left to the
+  partitioner);
 - `infer_sharding_from_operands` answers the GSPMD partitioner
   (`jax_use_shardy_partitioner=False`) from the same assignment.
 

@@ -47,8 +47,8 @@ class Settings:
         return self.chunks if self.chunks is not None else 2 if replicated else 1
 
 
-# A jit-cache-sensitive context where jax has one (jax >= 0.9); on older jax a
-# plain global, with the caveat the README states.
+# A jit-cache-sensitive context where jax has one; on a jax without it a plain
+# global, with the caveat the README states.
 _make = getattr(jax, "make_user_context", None)
 _context = _make(Settings()) if _make is not None else None
 _fallback = [Settings()]
