@@ -139,12 +139,19 @@ def test_module_entry_point_lists_the_suites():
 
 def test_scaling_tool_runs_on_the_shared_timing():
     """tools/scaling.py times through the bench's timing module; on CPU devices
-    (four, from conftest's XLA_FLAGS) at a tiny size it prints every row."""
+    (four, from conftest's XLA_FLAGS) at a tiny size it prints a row per layout
+    and overlap setting: the milliseconds, the efficiencies and the ratio."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
-    result = subprocess.run([sys.executable, str(script), "--size", "64", "--repeats", "5"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, str(script), "--size", "64", "--repeats", "5",
+                             "--no-overlap"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    rows = [line.split() for line in result.stdout.splitlines()[2:]]
-    assert {(row[0], row[1]) for row in rows} == {
-        (layout, impl) for layout in ("M-sharded", "K-sharded") for impl in ("jax_tiled", "jnp")}
-    assert all(float(row[3]) > 0 for row in rows)
+    lines = result.stdout.splitlines()
+    table = lines[lines.index(next(line for line in lines if line.startswith("---"))) + 1:]
+    layouts = ("M-sharded", "N-sharded", "K-sharded, replicated", "K-sharded, reduce-scatter",
+               "all-gather (a by M, b by N)")
+    assert [(line[:28].strip(), line[28:41].strip()) for line in table] == [
+        (layout, label) for layout in layouts for label in ("chunks=auto", "no overlap")]
+    for line in table:
+        ours, theirs, ours_eff, theirs_eff, ratio = line[41:].split()
+        assert float(ours) > 0 and float(theirs) > 0 and ratio.endswith("x")
+        assert ours_eff.endswith("%") and theirs_eff.endswith("%")

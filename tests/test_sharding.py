@@ -4,7 +4,9 @@ Meshes are built from `jax.devices(platform)` explicitly, so that the CPU cases
 (four devices, from conftest's XLA_FLAGS) also run where the default backend is
 a GPU. Every case checks values in full, the compiled HLO's collectives against
 `jnp.matmul`'s for the same shardings, and where batch, M or N is split, that
-the result stays split.
+the result stays split. A split K, and an operand whose split the product
+cannot keep, run as rings of collective-permutes (`jax_tiled.overlap`): no
+all-gather of an operand, and with the overlap turned off, one collective.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ def collectives(jitted, *args) -> set[str]:
     return set(_COLLECTIVE.findall(jitted.lower(*args).compile().as_text()))
 
 
-# Collectives that move operand data rather than sum partial results.
+# Collectives that move operand data rather than sum partial results. The rings
+# move data by collective-permutes only, so an all-gather or all-to-all in a
+# program that runs them is an operand (or a result) gathered around the product.
 GATHERS = {"all-gather", "all-to-all", "collective-permute"}
+BULK_GATHERS = {"all-gather", "all-to-all"}
+RING = "collective-permute"
 
 # name: mesh shape and axis names, a's shape and spec, b's shape and spec, the
 # result's spec, and whether K is split (the product then ends in a sum).
@@ -70,6 +76,20 @@ CASES = {
     "batchxK": ((2, 2), ("x", "y"), (4, 8, 16), P("x", None, "y"), (4, 16, 12), P("x", "y"),
                 P("x"), True),
 }
+
+
+def gradient_f64(a, b):
+    """The gradients of loss_of's sum(sin(a @ b)) in float64 NumPy, as float32."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    g = np.cos(a64 @ b64)
+    if a64.ndim == 1:
+        return (b64 @ g).astype(np.float32), np.outer(a64, g).astype(np.float32)
+    ga = g @ np.swapaxes(b64, -1, -2)
+    gb = np.swapaxes(a64, -1, -2) @ g
+    # A weight shared over a batch takes the sum of the batch's gradients.
+    if b64.ndim < a64.ndim:
+        gb = gb.reshape(-1, *gb.shape[-2:]).sum(0)
+    return ga.astype(np.float32), gb.astype(np.float32)
 
 
 def _case(platform, rng, name, axis_type=AxisType.Auto):
@@ -106,16 +126,28 @@ def test_sharded_product_and_gradient(platform, partitioner, rng, name):
         assert not out.sharding.is_fully_replicated
 
     used, reference_used = collectives(ours, a, b), collectives(ref, a, b)
-    assert used & GATHERS <= reference_used & GATHERS, (used, reference_used)
-    if k_split:  # local products, then a sum of partial results
-        assert used & {"all-reduce", "reduce-scatter"}, used
+    if k_split:  # local products whose partial sums travel around a ring
+        assert used == {RING}, used
     else:
         assert not used, used
 
     grad, ref_grad = (jax.jit(jax.grad(loss_of(f), (0, 1))) for f in (tiled, reference))
     assert_trees_close(grad(a, b), ref_grad(a, b))
+    assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
     used, reference_used = collectives(grad, a, b), collectives(ref_grad, a, b)
-    assert used & GATHERS <= reference_used & GATHERS, (used, reference_used)
+    assert used & BULK_GATHERS <= reference_used & BULK_GATHERS, (used, reference_used)
+
+
+@pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[-1]])
+def test_overlap_off_runs_one_collective(rng, name):
+    """jax_tiled.overlap.settings(enabled=False): local products and one sum."""
+    mesh, a_np, a, b_np, b, out_spec, _ = _case("cpu", rng, name)
+    with jax_tiled.overlap.settings(enabled=False):
+        f = jax.jit(tiled)
+        assert_matmul_close(f(a, b), a_np, b_np, precision="highest")
+        used = collectives(f, a, b)
+    assert used == {"all-reduce"}, used
+    assert collectives(jax.jit(tiled), a, b) == {RING}  # outside the block: the cache is not reused
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, False),
@@ -142,7 +174,7 @@ def test_primitive_transpose_flags_each_factor_split(rng, transpose_a, transpose
                         precision="highest")
     used = collectives(prim, a, b)
     if split == "k":
-        assert used == {"all-reduce"}, used
+        assert used == {RING}, used
     else:
         assert not used and not out.sharding.is_fully_replicated, (used, out.sharding)
 
@@ -156,7 +188,10 @@ def test_reduce_scatter_where_the_result_is_wanted_split(rng):
     assert_matmul_close(out, a_np, b_np, precision="highest")
     assert _same_spec(out.sharding, P("x"), 2)
     used = collectives(f, a, b)
-    assert "reduce-scatter" in used and not used & GATHERS, used
+    assert used == {RING}, used
+    with jax_tiled.overlap.settings(enabled=False):
+        assert collectives(jax.jit(tiled, out_shardings=NamedSharding(mesh, P("x"))), a, b) == {
+            "reduce-scatter"}
 
 
 def test_uneven_split_of_k(rng):
@@ -167,9 +202,132 @@ def test_uneven_split_of_k(rng):
     cut = lambda mm: lambda a, b: mm(a[:, :14], b[:14, :7])
     out = jax.jit(cut(tiled))(a, b)
     assert_matmul_close(out, a_np[:, :14], b_np[:14, :7], precision="highest")
-    assert not collectives(jax.jit(cut(tiled)), a, b) & GATHERS
+    assert not collectives(jax.jit(cut(tiled)), a, b) & BULK_GATHERS
     grad, ref_grad = (jax.jit(jax.grad(loss_of(cut(f)), (0, 1))) for f in (tiled, reference))
     assert_trees_close(grad(a, b), ref_grad(a, b))
+
+
+# ---- Rings: communication that overlaps the products ----
+
+def ring_steps(jitted, *args) -> int:
+    return len(re.findall(r"\bcollective-permute(?:-start)?\(", jitted.lower(*args).compile().as_text()))
+
+
+# The all-gather pattern: a split along M (the sequence), b along N (columns of
+# a weight). name: a's shape and spec, b's, the result's wanted spec (None: left
+# to propagation) and the spec it gets.
+ALL_GATHER = {
+    "result_N": ((8, 16), P("x"), (16, 12), P(None, "x"), P(None, "x"), P(None, "x")),
+    "result_M": ((8, 16), P("x"), (16, 12), P(None, "x"), P("x"), P("x")),
+    "propagated": ((8, 16), P("x"), (16, 12), P(None, "x"), None, None),
+    "batched": ((3, 8, 16), P(None, "x"), (3, 16, 12), P(None, None, "x"), P(None, None, "x"),
+                P(None, None, "x")),
+}
+
+
+@pytest.mark.parametrize("name", ALL_GATHER)
+def test_all_gather_pattern_runs_a_ring(partitioner, rng, name):
+    a_shape, a_spec, b_shape, b_spec, wanted, got = ALL_GATHER[name]
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, a_shape, a_spec)
+    b_np, b = put(rng, mesh, b_shape, b_spec)
+    f = jax.jit(tiled, out_shardings=None if wanted is None else NamedSharding(mesh, wanted))
+    out = f(a, b)
+    assert_matmul_close(out, a_np, b_np, precision="highest")
+    if got is not None:
+        assert _same_spec(out.sharding, got, out.ndim), out.sharding
+    assert not out.sharding.is_fully_replicated
+    # The operand is gathered by 3 collective-permutes overlapping 4 products.
+    assert collectives(f, a, b) == {RING} and ring_steps(f, a, b) == 3
+    grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
+    assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
+    with jax_tiled.overlap.settings(enabled=False):  # the partitioner gathers the operand
+        plain = jax.jit(tiled, out_shardings=None if wanted is None else NamedSharding(mesh, wanted))
+        assert collectives(plain, a, b) == {"all-gather"}
+
+
+@pytest.mark.parametrize("m,n,k", [(7, 10, 16), (9, 4, 16), (8, 12, 14), (7, 10, 13)])
+@pytest.mark.parametrize("chunks", [None, 1, 3])
+def test_rings_on_sizes_that_do_not_divide(rng, m, n, k, chunks):
+    """Blocks of ceil(size / devices) rows, pieces of ceil(block / chunks): the
+    padded rows are computed and dropped, the padded K zeroed."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    cut = lambda mm: lambda a, b: mm(a[:m, :k], b[:k, :n])
+    for a_spec, b_spec in ((P(None, "x"), P("x")), (P("x"), P(None, "x"))):
+        a_np, a = put(rng, mesh, (12, 16), a_spec)
+        b_np, b = put(rng, mesh, (16, 12), b_spec)
+        with jax_tiled.overlap.settings(chunks=chunks):
+            # jit refuses an output sharding that does not divide the result.
+            for out_spec in (None, *[P(*[None] * d, "x") for d, size in enumerate((m, n))
+                                     if size % 4 == 0]):
+                out_sharding = None if out_spec is None else NamedSharding(mesh, out_spec)
+                f = jax.jit(cut(tiled), out_shardings=out_sharding)
+                assert_matmul_close(f(a, b), a_np[:m, :k], b_np[:k, :n], precision="highest")
+            grad = jax.jit(jax.grad(loss_of(cut(tiled)), (0, 1)))
+            expected = [np.zeros_like(a_np), np.zeros_like(b_np)]
+            ga, gb = gradient_f64(a_np[:m, :k], b_np[:k, :n])
+            expected[0][:m, :k], expected[1][:k, :n] = ga, gb
+            assert_trees_close(grad(a, b), tuple(expected))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("out_spec", [P(), P("x"), P(None, "x")])
+def test_k_ring_pieces(rng, chunks, out_spec):
+    """Each piece of each device's block has its own ring of 3 steps; a
+    replicated result gathers each piece around the ring too."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, (24, 16), P(None, "x"))
+    b_np, b = put(rng, mesh, (16, 24), P("x"))
+    with jax_tiled.overlap.settings(chunks=chunks):
+        f = jax.jit(tiled, out_shardings=NamedSharding(mesh, out_spec))
+        out = f(a, b)
+        assert_matmul_close(out, a_np, b_np, precision="highest")
+        assert _same_spec(out.sharding, out_spec, 2)
+        replicated = not any(out_spec)
+        assert collectives(f, a, b) == {RING}
+        assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
+
+
+def test_k_ring_rounds_a_16_bit_result_once(rng):
+    """The partial sums travel in float32: bfloat16 rounding once is within one
+    bfloat16 rounding of the float64 product (rounding each partial sum is not)."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
+    for out_spec in (P(), P("x")):
+        f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+        out = f(a, b)
+        assert out.dtype == jnp.bfloat16
+        assert_matmul_close(out, a_np, b_np)
+        moved = set(re.findall(r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(",
+                               f.lower(a, b).compile().as_text()))
+        # Partial sums move in float32 (a replicated result's gather moves the
+        # rounded pieces, but XLA:CPU computes bfloat16 collectives in float32).
+        assert moved == {"f32"}, moved
+
+
+def test_rings_are_deterministic(rng):
+    mesh = make_mesh("cpu", (4,), ("x",))
+    _, a = put(rng, mesh, (32, 64), P(None, "x"))
+    _, b = put(rng, mesh, (64, 24), P("x"))
+    f = jax.jit(tiled)
+    first = np.asarray(f(a, b))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(f(a, b)), first)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(chunks=0), ValueError, r"chunks must be at least 1, got 0"),
+    (dict(chunks=2.0), TypeError, r"chunks must be an int or None, got 2.0"),
+    (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
+])
+def test_overlap_settings_are_checked(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        with jax_tiled.overlap.settings(**kwargs):
+            pass
+    with pytest.raises(error, match=message):
+        jax_tiled.overlap.set_default(**kwargs)
+    assert jax_tiled.overlap.current() == jax_tiled.overlap.Settings()
 
 
 def test_unsharded_lowering_is_the_plain_custom_call(platform, rng):
@@ -197,7 +355,7 @@ def test_on_every_platform_with_two_devices(platform, rng):
     out = jax.jit(tiled)(a, b)
     assert_matmul_close(out, a_np, b_np, platform=platform, precision="highest")
     assert not out.sharding.is_fully_replicated
-    assert not collectives(jax.jit(tiled), a, b) & GATHERS
+    assert not collectives(jax.jit(tiled), a, b) & BULK_GATHERS
     assert_trees_close(jax.jit(jax.grad(loss_of(tiled), (0, 1)))(a, b),
                        jax.grad(loss_of(reference), (0, 1))(a, b), rtol=1e-4)
 

@@ -11,9 +11,14 @@ sharded operand onto every device (jax-ml/jax#32098). So the lowering
   as it treats `dot_general`;
 - `partition` turns the shardings it is offered into one assignment of mesh axes
   to the factors batch, M, N, K, and returns the per-device program: `call`
-  on local blocks, then, where K is split, a sum over those mesh axes
-  (a reduce-scatter where the result is wanted sharded on them; the padded
-  tail of a K its axes do not divide is zeroed first);
+  on local blocks; where K is split, a sum over those mesh axes (a
+  reduce-scatter where the result is wanted sharded on them; the padded tail
+  of a K its axes do not divide is zeroed first); and where an operand's M or
+  N is split on axes the result gives to the other free dimension, a gather of
+  that operand. With `jax_tiled.overlap` enabled (the default) the sum and
+  the gather are rings of `ppermute`s interleaved with the products
+  (`_rings.py`), otherwise one collective each (the gather then left to the
+  partitioner);
 - `infer_sharding_from_operands` answers the GSPMD partitioner
   (`jax_use_shardy_partitioner=False`) from the same assignment.
 
@@ -44,7 +49,7 @@ from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, 
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxlib.mlir import ir
 
-from jax_tiled import _compat
+from jax_tiled import _compat, _rings, overlap
 
 FACTORS = ("batch", "m", "n", "k")
 
@@ -206,7 +211,22 @@ def _zero_k_padding(x, dim, k_axes, k_size):
     return lax.select(k < k_size, x, lax.full_like(x, 0))
 
 
-def _partition(call, product, mesh, arg_shapes, result_shape):
+def _gathered_free_dim(candidates, assignment):
+    """("a", axes) or ("b", axes) where the operand splits its M (a) or N (b) on
+    mesh axes that the assignment gives to the other operand's free dimension:
+    the all-gather pattern (sequence-sharded activations times a column-sharded
+    weight), which a ring gathers while it multiplies. None where K is split
+    (the sum would need a second ring) or the axes serve the batch."""
+    if assignment["k"]:
+        return None
+    for gathered, own, other in (("a", "m", "n"), ("b", "n", "m")):
+        axes = candidates[own][0]
+        if axes and not assignment[own] and set(axes) <= set(assignment[other]):
+            return gathered, axes
+    return None
+
+
+def _partition(call, product, settings, mesh, arg_shapes, result_shape):
     a, b = arg_shapes
     flags = product.transpose_a, product.transpose_b
     assignment = _assign(product, mesh, a, b, result_shape.sharding)
@@ -221,7 +241,25 @@ def _partition(call, product, mesh, arg_shapes, result_shape):
                     and wanted[d] == k_axes and sizes[f] % k_split == 0), None)
     if scatter is not None:
         out_axes[scatter] = k_axes
-    (_, _, ak), (_, bk, _) = _dims(*flags)
+    dims = _dims(*flags)
+    (_, _, ak), (_, bk, _) = dims
+    operand_assignment = dict(assignment)
+    gather = None
+    if settings.enabled:
+        gather = _gathered_free_dim(_operand_axes(*flags, a.shape, a.sharding, b.shape,
+                                                  b.sharding), assignment)
+        if gather is not None:
+            # The operand keeps its split; the ring, not the partitioner, gathers it.
+            operand_assignment["m" if gather[0] == "a" else "n"] = gather[1]
+    ring_k = settings.enabled and k_split > 1
+    if ring_k:
+        # The ring's blocks follow the result dimension to scatter into, or where
+        # the result is replicated over K's axes, the longer of M and N (M, N of
+        # this device's blocks: other axes may split them).
+        local = lambda f: -(-sizes[f] // math.prod(mesh.shape[x] for x in assignment[f]))
+        chunked = (("batch", "m", "n")[scatter] if scatter is not None
+                   else "m" if local("m") >= local("n") else "n")
+        pieces = settings.pieces(replicated=scatter is None)
 
     def lower_fn(a, b):
         # Per-device code has no mesh: under the caller's explicit one, jax 0.8
@@ -230,6 +268,12 @@ def _partition(call, product, mesh, arg_shapes, result_shape):
             return local_product(a, b)
 
     def local_product(a, b):
+        if gather is not None:
+            gathered, axes = gather
+            return _rings.all_gather_ring(call, product, a, b, axes=axes,
+                                          n=math.prod(mesh.shape[x] for x in axes),
+                                          gathered=gathered, dims=dims,
+                                          size=sizes["m" if gathered == "a" else "n"])
         if not k_axes:
             return call(a, b, product, product.out_dtype)
         if sizes["k"] % k_split:
@@ -238,25 +282,29 @@ def _partition(call, product, mesh, arg_shapes, result_shape):
             b = _zero_k_padding(b, bk, k_axes, sizes["k"])
         # Partial sums stay in the accumulation type until summed, so that a
         # 16-bit result is rounded once, as on one device.
-        acc = np.float64 if product.out_dtype == np.float64 else np.float32
-        partial = call(a, b, product, np.dtype(acc))
+        acc = _rings.accumulation_dtype(product.out_dtype)
+        if ring_k:
+            return _rings.reduce_scatter_ring(call, product, a, b, axes=k_axes, n=k_split,
+                                              factor=chunked, dims=dims, pieces=pieces,
+                                              gather=scatter is None, acc_dtype=acc)
+        partial = call(a, b, product, acc)
         if scatter is None:
             total = lax.psum(partial, k_axes)
         else:
             total = lax.psum_scatter(partial, k_axes, scatter_dimension=scatter, tiled=True)
         return total.astype(product.out_dtype)
 
-    a_spec, b_spec = _operand_specs(*flags, a.shape, b.shape, assignment)
+    a_spec, b_spec = _operand_specs(*flags, a.shape, b.shape, operand_assignment)
     named = lambda spec: NamedSharding(mesh, spec)
     return mesh, lower_fn, named(P(*map(_entry, out_axes))), (named(a_spec), named(b_spec))
 
 
-def _infer_sharding_from_operands(product, mesh, arg_shapes, result_shape):
+def _infer_sharding_from_operands(product, settings, mesh, arg_shapes, result_shape):
     assignment = _assign(product, mesh, *arg_shapes)
     return NamedSharding(mesh, P(*(_entry(assignment[f]) for f in ("batch", "m", "n"))))
 
 
-def _sharding_rule(product, mesh, operand_types, result_types):
+def _sharding_rule(product, settings, mesh, operand_types, result_types):
     """`batch m k, batch k n -> batch m n` in stored order. A broadcast batch is
     a factor of its own: its size-1 dimension cannot follow the result's."""
     a_batch, b_batch, batch = (ir.RankedTensorType(t).shape[0]
@@ -278,12 +326,14 @@ def partitioned(call):
     for `jax.interpreters.mlir.lower_fun` to lower.
 
     `product` is static and hashable; the rule reads its `transpose_a`,
-    `transpose_b` and `out_dtype`, and hands it on to `call`."""
-    def unpartitioned(a, b, product):
+    `transpose_b` and `out_dtype`, and hands it on to `call`. The overlap
+    settings in force at lowering join it as a static argument, so that the
+    partitioning callbacks, which XLA may run later, see the same ones."""
+    def unpartitioned(a, b, product, settings):
         return call(a, b, product, product.out_dtype)
 
-    wrapped = custom_partitioning(unpartitioned, static_argnums=(2,))
+    wrapped = custom_partitioning(unpartitioned, static_argnums=(2, 3))
     wrapped.def_partition(partition=functools.partial(_partition, call),
                           infer_sharding_from_operands=_infer_sharding_from_operands,
                           sharding_rule=_sharding_rule)
-    return wrapped
+    return lambda a, b, product: wrapped(a, b, product, overlap.current())

@@ -1,0 +1,145 @@
+"""Per-device collective products: rings of `ppermute`s whose transfers overlap the products.
+
+These run inside the partitioned lowering (`_sharding._partition`), on each
+device's blocks, with the mesh axes of the ring bound as manual axes. Each ring
+step's product depends only on local data, and each transfer only on the
+previous step, so XLA's scheduler can run the transfer of one step while the
+kernel computes the next (on GPU, collective-permutes are asynchronous). The
+schedule is static: every device adds the same partial products in the same
+order on every run.
+
+Operands are in the canonical stored layout of `_primitive`: a is (Ba, M, K) or
+(Ba, K, M), b is (Bb, K, N) or (Bb, N, K), the result (B, M, N).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+RESULT_DIM = {"batch": 0, "m": 1, "n": 2}
+
+
+def _size(mesh_shape, axes) -> int:
+    return math.prod(mesh_shape[x] for x in axes)
+
+
+def _pad_to(x, dim, size):
+    if x.shape[dim] >= size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[dim] = (0, size - x.shape[dim])
+    return jnp.pad(x, widths)
+
+
+def _slicer(x, dim, batch):
+    """Slices of x along `dim`, or x itself where dim is a broadcast batch."""
+    if dim is None or (dim == 0 and x.shape[0] == 1 and batch != 1):
+        return lambda start, size: x
+    return lambda start, size: lax.dynamic_slice_in_dim(x, start, size, axis=dim)
+
+
+def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, gather, acc_dtype):
+    """sum over the devices of `axes` of `call(a, b)`, chunked along the result's
+    `factor` dimension: device i ends with block i of that sum (a reduce-scatter),
+    or with every block when `gather` (an all-reduce, as reduce-scatter then
+    all-gather of the rounded blocks, so the gather moves out_dtype, not float32).
+
+    Block j of the result is the rows [j * block, (j + 1) * block) of the factor's
+    dimension, block = ceil(size / n); each block is cut into `pieces` of `q` rows
+    and each piece has its own ring, so that the all-gather of one piece can run
+    behind the products of the next. A piece that runs past its block (q does not
+    divide block) computes rows that are dropped; operands are padded so that no
+    slice is clamped.
+
+    Ring step s on device i computes its partial product for block (i - 1 - s) mod
+    n and adds it to the running sum received from device i - 1, so the sum for
+    block i completes on device i after n - 1 transfers, each of which can hide
+    behind the next step's product.
+    """
+    (_, am, _), (_, _, bn) = dims
+    batch = a.shape[0] if b.shape[0] == 1 else b.shape[0]
+    size = {"batch": batch, "m": a.shape[am], "n": b.shape[bn]}[factor]
+    block = -(-size // n)
+    q = -(-block // pieces)
+    padded = (n - 1) * block + pieces * q
+    a_dim = {"batch": 0, "m": am, "n": None}[factor]
+    b_dim = {"batch": 0, "m": None, "n": bn}[factor]
+    if a_dim is not None and not (a_dim == 0 and a.shape[0] == 1 and batch != 1):
+        a = _pad_to(a, a_dim, padded)
+    if b_dim is not None and not (b_dim == 0 and b.shape[0] == 1 and batch != 1):
+        b = _pad_to(b, b_dim, padded)
+    take_a, take_b = _slicer(a, a_dim, batch), _slicer(b, b_dim, batch)
+
+    index = lax.axis_index(axes)
+    forward = [(j, (j + 1) % n) for j in range(n)]
+    dim = RESULT_DIM[factor]
+    results = []
+    for p in range(pieces):
+        total = None
+        for s in range(n):
+            start = ((index - 1 - s) % n) * block + p * q
+            partial = call(take_a(start, q), take_b(start, q), product, acc_dtype)
+            total = partial if total is None else lax.ppermute(total, axes, forward) + partial
+        piece = total.astype(product.out_dtype)
+        if gather:
+            # Each piece's gather starts as soon as its ring ends, so that it runs
+            # behind the next piece's products; a ring of ppermutes as well, so
+            # that the program holds no all-gather, whose presence then flags an
+            # operand gathered by the partitioner.
+            piece = _gather_blocks(piece, axes, n, index, forward)
+        results.append(piece)
+    if not gather:
+        return lax.slice_in_dim(jnp.concatenate(results, axis=dim), 0, block, axis=dim)
+    # (n, B, M, N) pieces, block-major: blocks side by side, each cut to its rows.
+    stacked = lax.slice_in_dim(jnp.concatenate(results, axis=dim + 1), 0, block, axis=dim + 1)
+    stacked = jnp.moveaxis(stacked, 0, dim)
+    shape = list(stacked.shape)
+    merged = shape[:dim] + [n * block] + shape[dim + 2:]
+    return lax.slice_in_dim(stacked.reshape(merged), 0, size, axis=dim)
+
+
+def _gather_blocks(x, axes, n, index, forward):
+    """(n, *x.shape): the x of every device of `axes`, in device order."""
+    out = lax.dynamic_update_index_in_dim(jnp.zeros((n, *x.shape), x.dtype), x, index, 0)
+    for s in range(1, n):
+        x = lax.ppermute(x, axes, forward)  # device i - s's block
+        out = lax.dynamic_update_index_in_dim(out, x, (index - s) % n, 0)
+    return out
+
+
+def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
+    """`call` on the full `gathered` operand ("a": along M, "b": along N), of
+    which each device of `axes` holds one block, against the other operand's
+    local block: the ring passes the blocks to device i - 1 and each step's
+    product writes the result rows (or columns) of the block it holds, while the
+    next block is in transit. `size` is the gathered dimension's full length
+    (the blocks may be padded past it).
+    """
+    (_, am, _), (_, _, bn) = dims
+    moving = a if gathered == "a" else b
+    out_dim = 1 if gathered == "a" else 2
+    block = moving.shape[am if gathered == "a" else bn]
+    backward = [(j, (j - 1) % n) for j in range(n)]
+    index = lax.axis_index(axes)
+    out = None
+    for s in range(n):
+        # The transfer of the next block depends only on this one: issued first,
+        # it runs while this step's product does.
+        following = lax.ppermute(moving, axes, backward) if s < n - 1 else None
+        result = call(moving, b, product, product.out_dtype) if gathered == "a" else \
+            call(a, moving, product, product.out_dtype)
+        if out is None:
+            shape = list(result.shape)
+            shape[out_dim] = n * block
+            out = jnp.zeros(shape, result.dtype)
+        out = lax.dynamic_update_slice_in_dim(out, result, ((index + s) % n) * block, out_dim)
+        moving = following
+    return lax.slice_in_dim(out, 0, size, axis=out_dim)
+
+
+def accumulation_dtype(out_dtype) -> np.dtype:
+    return np.dtype(np.float64 if np.dtype(out_dtype) == np.float64 else np.float32)

@@ -1,0 +1,86 @@
+"""The knob for overlapping communication with the sharded product.
+
+    import jax_tiled
+    with jax_tiled.overlap.settings(chunks=4):     # finer pieces for a replicated K-sharded result
+        y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
+        y = jax.jit(jax_tiled.matmul)(x, w)
+    jax_tiled.overlap.set_default(chunks=2)         # for the rest of the process
+
+The setting is read when a function holding `tiled_matmul` is lowered, and is
+part of `jax.jit`'s cache key (through `jax.make_user_context`), so changing it
+retraces and recompiles rather than reusing a program built under the other
+value. What each layout does with it: README, section "Sharding".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+
+__all__ = ["Settings", "current", "set_default", "settings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """enabled: run the rings of `ppermute`s (True) or one collective (False).
+    chunks: how many pieces each device's block of the result is cut into in the
+    K-sharded rings; None picks 2 where the result is replicated (so that all
+    but the last piece's all-gather hides behind later products) and 1 where it
+    stays sharded (nothing follows the ring, and smaller products run slower)."""
+    enabled: bool = True
+    chunks: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"jax_tiled.overlap: enabled must be a bool, got {self.enabled!r}")
+        if self.chunks is not None and (isinstance(self.chunks, bool)
+                                        or not isinstance(self.chunks, int)):
+            raise TypeError(f"jax_tiled.overlap: chunks must be an int or None, "
+                            f"got {self.chunks!r}")
+        if self.chunks is not None and self.chunks < 1:
+            raise ValueError(f"jax_tiled.overlap: chunks must be at least 1, got {self.chunks}")
+
+    def pieces(self, replicated: bool) -> int:
+        return self.chunks if self.chunks is not None else 2 if replicated else 1
+
+
+# A jit-cache-sensitive context where jax has one; on a jax without it a plain
+# global, with the caveat the README states.
+_make = getattr(jax, "make_user_context", None)
+_context = _make(Settings()) if _make is not None else None
+_fallback = [Settings()]
+
+
+def current() -> Settings:
+    """The settings in force here."""
+    if _context is None:
+        return _fallback[-1]
+    value = _context.value
+    return value if value is not None else _context.get_global()
+
+
+@contextlib.contextmanager
+def settings(enabled: bool = True, *, chunks: int | None = None):
+    """Sets the overlap for the functions lowered inside the block."""
+    new = Settings(enabled, chunks)
+    if _context is None:
+        _fallback.append(new)
+        try:
+            yield new
+        finally:
+            _fallback.pop()
+        return
+    with _context(new):
+        yield new
+
+
+def set_default(enabled: bool = True, *, chunks: int | None = None) -> None:
+    """Sets the overlap outside any `settings` block."""
+    new = Settings(enabled, chunks)
+    if _context is None:
+        _fallback[0] = new
+    else:
+        _context.set_global(new)
