@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import types
@@ -142,8 +143,9 @@ def test_scaling_tool_runs_on_the_shared_timing():
     (four, from conftest's XLA_FLAGS) at a tiny size it prints a row per layout
     and overlap setting: the milliseconds, the efficiencies and the ratio."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the four CPU devices, on a GPU machine too
     result = subprocess.run([sys.executable, str(script), "--size", "64", "--repeats", "5",
-                             "--no-overlap"], capture_output=True, text=True, timeout=300)
+                             "--no-overlap"], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = result.stdout.splitlines()
     table = lines[lines.index(next(line for line in lines if line.startswith("---"))) + 1:]

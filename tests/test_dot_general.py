@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import EPS, HIGHEST, count_equations, kernels_on, random_array, x64
+from helpers import EPS, HIGHEST, count_equations, equations, kernels_on, random_array, x64
 
 
 def dims(lc, rc, lb=(), rb=()):
@@ -124,10 +124,10 @@ def test_products_run_on_tiled_matmul_with_at_most_one_copy_per_operand(
 def test_contractions_against_transposed_operands_use_the_transpose_flags():
     x, w = jnp.ones((8, 16)), jnp.ones((32, 16))
     jaxpr = jax.make_jaxpr(lambda x, w: jax_tiled.dot_general(x, w, dims([1], [1])))(x, w)
-    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "tiled_matmul"]
+    (eqn,) = equations(jaxpr, "tiled_matmul")
     assert eqn.params["transpose_b"] and not eqn.params["transpose_a"]
     jaxpr = jax.make_jaxpr(lambda x, w: jax_tiled.dot_general(x, w, dims([0], [0])))(w, w)
-    (eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "tiled_matmul"]
+    (eqn,) = equations(jaxpr, "tiled_matmul")
     assert eqn.params["transpose_a"] and not eqn.params["transpose_b"]
 
 

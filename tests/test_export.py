@@ -56,7 +56,7 @@ CASES = [
      [((2, 3, 5), (5, 4)), ((3, 2, 2), (2, 3))]),
     ("grad m,k @ b,k,n", loss_grad(mm), loss_grad(jnp.matmul), (S(m, k), S(b, k, n)),
      [((3, 5), (2, 5, 4)), ((2, 2), (3, 2, 3))]),
-    ("tiled einsum", jax_tiled.tiled(lambda x, y: jnp.einsum("bmk,nk->bmn", x, y)),
+    ("tiled einsum", jax_tiled.tiled(lambda x, y: jnp.einsum("bmk,nk->bmn", x, y, precision=HIGHEST)),
      lambda x, y: jnp.einsum("bmk,nk->bmn", x, y), (S(b, m, k), S(n, k)),
      [((2, 3, 5), (4, 5)), ((1, 2, 3), (6, 3))]),
 ]

@@ -21,6 +21,7 @@ from jax import lax
 
 import jax_tiled
 from jax_tiled import _ffi
+import helpers
 from helpers import (F32, LAYOUTS, SIMT_KERNELS, assert_matmul_close, bind_product, kernels_on,
                      matmul_problem, operands, random_array, relative_norm_error,
                      tensor_core_kernels, tensor_kernels_on)
@@ -101,7 +102,7 @@ def test_explain_names_a_tensor_core_kernel_for_default_and_high(on_gpu):
 # ---- How a product's precision is chosen ----
 
 def _precision_of(fn, *args):
-    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive is jax_tiled.tiled_matmul_p]
+    (eqn,) = helpers.equations(jax.make_jaxpr(fn)(*args), "tiled_matmul")
     return eqn.params["precision"]
 
 
