@@ -98,11 +98,15 @@ inline size_t Align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // The register block of one accumulator type on this instruction set: MR rows
 // by NR columns of Acc, NR a whole number of VectorBytes-wide vectors.
-template <class Acc, int VectorBytes, int MR, int NRVectors, int64_t KC, int64_t L2BlockBytes>
+// Row edges run on multiples of RowStep rows (see EdgeMicroKernel).
+template <class Acc, int VectorBytes, int MR, int NRVectors, int RowStep, int64_t KC,
+          int64_t L2BlockBytes>
 struct Config {
   using acc_type = Acc;
   static constexpr int kLanes = VectorBytes / static_cast<int>(sizeof(Acc));
   static constexpr int kMr = MR, kVectors = NRVectors, kNr = NRVectors * kLanes;
+  static constexpr int kRowStep = RowStep;
+  static_assert(MR % RowStep == 0, "row edges step up to MR");
   static constexpr int64_t kKc = KC;
   // Columns of the packed B block (kc x nc): as many as fill L2BlockBytes.
   static constexpr int64_t kNc =
@@ -112,11 +116,13 @@ struct Config {
   typedef Acc UnalignedVec __attribute__((vector_size(VectorBytes), aligned(sizeof(Acc))));
 };
 
-// c[MR x NR] (row stride ldc) = (accumulate ? c : 0) + A * B over kc, with A a
-// packed micro-panel (kc x MR, MR contiguous) and B one (kc x NR, NR contiguous).
-// The accumulators live in MR * NR / kLanes vector registers for the whole
-// depth; c is touched once at the end.
-template <class C>
+// c[Rows x NR] (row stride ldc) = (accumulate ? c : 0) + A * B over kc, with A
+// the first Rows rows of a packed micro-panel (kc x MR, MR contiguous) and B
+// one (kc x NR, NR contiguous). The accumulators live in Rows * NR / kLanes
+// vector registers for the whole depth; c is touched once at the end. Each
+// element is the same FMA chain whatever Rows is, so a short row edge can run
+// fewer rows without changing a bit of the result.
+template <class C, int Rows = C::kMr>
 __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
                                                        const typename C::acc_type* __restrict a,
                                                        const typename C::acc_type* __restrict b,
@@ -126,17 +132,18 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
   using Vec = typename C::Vec;
   using UVec = typename C::UnalignedVec;
   constexpr int MR = C::kMr, NV = C::kVectors, NR = C::kNr, L = C::kLanes;
+  static_assert(Rows >= 1 && Rows <= MR, "a micro-kernel covers at most MR rows");
 
   // The tile of c is needed only after the loop: start fetching it now.
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) {
+  for (int i = 0; i < Rows; ++i) {
     __builtin_prefetch(c + i * ldc, 1);
     __builtin_prefetch(c + i * ldc + NR - 1, 1);
   }
 
-  Vec acc[MR][NV];
+  Vec acc[Rows][NV];
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < Rows; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[i][v] = Vec{};
 
@@ -146,7 +153,7 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const Vec*>(b + p * NR + v * L);
 #pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
+    for (int i = 0; i < Rows; ++i) {
       const Acc ai = a[p * MR + i];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
@@ -154,12 +161,29 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
   }
 
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < Rows; ++i)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       UVec* cv = reinterpret_cast<UVec*>(c + i * ldc + v * L);
       *cv = accumulate ? *cv + acc[i][v] : acc[i][v];
     }
+}
+
+// Runs the micro-kernel for a row edge of `rows` < MR live rows on the
+// fewest rows that cover them, in steps of C::kRowStep: a 16-row problem on
+// 12-row blocks would otherwise spend a third of its time on padding.
+template <class C, int Rows = C::kRowStep>
+__attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t kc,
+                                                           const typename C::acc_type* a,
+                                                           const typename C::acc_type* b,
+                                                           typename C::acc_type* c, int64_t ldc,
+                                                           bool accumulate) {
+  if constexpr (Rows >= C::kMr) {
+    MicroKernel<C>(kc, a, b, c, ldc, accumulate);
+  } else {
+    if (rows <= Rows) return MicroKernel<C, Rows>(kc, a, b, c, ldc, accumulate);
+    EdgeMicroKernel<C, Rows + C::kRowStep>(rows, kc, a, b, c, ldc, accumulate);
+  }
 }
 
 // ---- Packing ------------------------------------------------------------------------
@@ -168,8 +192,16 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
 // at x[r * row_stride + p * depth_stride]) into panels of W rows, each stored
 // depth-major: dst[(r / W) * depth * W + p * W + r % W]. Rows past `rows` up
 // to the next multiple of W are zero, so edge micro-tiles need no masking.
+// GCC would turn the W-wide copies into a memcpy call per depth step, a call
+// per 48-128 bytes: keep them inline vector moves.
+#if defined(__GNUC__) && !defined(__clang__)
+#define JAX_TILED_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define JAX_TILED_NO_MEMCPY_CALLS
+#endif
+
 template <int W, class Acc, class In>
-void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
+JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
                 int64_t depth, Acc* __restrict dst) {
   for (int64_t r0 = 0; r0 < rows; r0 += W) {
     Acc* __restrict panel = dst + r0 * depth;
@@ -184,16 +216,16 @@ void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t r
         for (int r = 0; r < W; ++r) panel[p * W + r] = Load<Acc>(s[r]);
       }
     } else if (live == W && depth_stride == 1) {
-      // A transpose. Blocks of 8 depth steps keep the W source lines in L1 and
-      // give the compiler a fixed-size block to turn into vector shuffles.
+      // A transpose, in blocks of 8 depth steps: each source row is read 8
+      // contiguous elements at a time while its line is in L1, and the block's
+      // writes land in 8 * W consecutive elements of the panel.
       int64_t p = 0;
       for (; p + 8 <= depth; p += 8) {
-        Acc block[8][W];
 #pragma GCC unroll 32
         for (int r = 0; r < W; ++r)
 #pragma GCC unroll 8
-          for (int q = 0; q < 8; ++q) block[q][r] = Load<Acc>(src[r * row_stride + p + q]);
-        std::memcpy(panel + p * W, block, sizeof(block));
+          for (int q = 0; q < 8; ++q)
+            panel[(p + q) * W + r] = Load<Acc>(src[r * row_stride + p + q]);
       }
       for (; p < depth; ++p)
 #pragma GCC unroll 32
@@ -269,7 +301,7 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
           alignas(64) Acc edge[MR * NR];
           for (int r = 0; r < live_rows; ++r)
             for (int s = 0; s < live_cols; ++s) edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
-          MicroKernel<C>(kc, apack + i * kc, bpack + j * kc, edge, NR, accumulate);
+          EdgeMicroKernel<C>(live_rows, kc, apack + i * kc, bpack + j * kc, edge, NR, accumulate);
           for (int r = 0; r < live_rows; ++r)
             for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
         }

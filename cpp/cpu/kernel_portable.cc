@@ -7,8 +7,8 @@
 namespace jax_tiled::cpu {
 namespace portable {
 // 6 x 2 accumulators: 12 registers, leaving 4 of x86-64's 16 for operands.
-using F32 = Config<float, 16, 6, 2, 256, 256 << 10>;
-using F64 = Config<double, 16, 6, 2, 256, 256 << 10>;
+using F32 = Config<float, 16, 6, 2, 2, 256, 256 << 10>;
+using F64 = Config<double, 16, 6, 2, 2, 256, 256 << 10>;
 }  // namespace portable
 
 const IsaKernels& PortableKernels() {
