@@ -8,7 +8,7 @@ namespace avx512 {
 // chains to keep both FMA ports busy through the 4-cycle latency, with room
 // for the two B vectors and a broadcast of A.
 using F32 = Config<float, 64, 12, 2, 4, 256, 512 << 10>;
-using F64 = Config<double, 64, 12, 2, 4, 256, 512 << 10>;
+using F64 = Config<double, 64, 12, 2, 4, 256, 256 << 10>;
 }  // namespace avx512
 
 const IsaKernels& Avx512Kernels() {
