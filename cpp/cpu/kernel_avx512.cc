@@ -1,0 +1,18 @@
+// The kernel for AVX-512F (built with -mavx512f -mfma; see kernel_impl.h).
+#define JAX_TILED_ISA avx512
+#include "cpu/kernel_impl.h"
+
+namespace jax_tiled::cpu {
+namespace avx512 {
+// 12 x 2 zmm accumulators: 24 of the 32 registers, enough independent FMA
+// chains to keep both FMA ports busy through the 4-cycle latency, with room
+// for the two B vectors and a broadcast of A.
+using F32 = Config<float, 64, 12, 2, 4, 256, 512 << 10>;
+using F64 = Config<double, 64, 12, 2, 4, 256, 256 << 10>;
+}  // namespace avx512
+
+const IsaKernels& Avx512Kernels() {
+  static const IsaKernels kernels = avx512::Kernels<avx512::F32, avx512::F64>::Make("avx512");
+  return kernels;
+}
+}  // namespace jax_tiled::cpu

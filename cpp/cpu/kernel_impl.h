@@ -1,0 +1,366 @@
+// The blocked kernel, written once and compiled once per instruction set.
+//
+// A kernel_<isa>.cc defines JAX_TILED_ISA (a namespace name) and includes this
+// file; everything here lands in jax_tiled::cpu::<isa>, so no symbol is shared
+// between units compiled with different -m flags (see kernel.h).
+//
+// The structure is GotoBLAS/BLIS's, laid out for row-major output. A thread
+// owns a tile of the output and walks the depth in kc-deep slabs. Per slab it
+// packs the tile's rows of A once into mr-row panels, then, per nc-wide block
+// of the tile's columns, packs B into nr-column panels (the packed B block,
+// kc x nc, stays in L2) and sweeps it with an mr x nr register-blocked
+// micro-kernel: one A micro-panel (kc x mr, in L1) against every B micro-panel
+// of the block, streamed from L2. Packing converts to the accumulator type,
+// applies the transposes and zero-pads edges, so one micro-kernel per
+// accumulator type serves every dtype pair and layout.
+//
+// Determinism: each output element is the slab sums added in depth order,
+// c = s0, c = c + s1, ..., each slab sum a sequential FMA chain over its kc
+// terms. That order depends on kc only, never on tile sizes or thread count.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/kernel.h"
+
+#ifndef JAX_TILED_ISA
+#error "define JAX_TILED_ISA (the namespace for this instruction set) before including"
+#endif
+
+namespace jax_tiled::cpu::JAX_TILED_ISA {
+
+// ---- 16-bit float storage and conversions ------------------------------------
+
+struct Half { uint16_t bits; };
+struct BFloat16 { uint16_t bits; };
+
+inline float BitsToFloat(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t FloatToBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+inline float ToFloat(BFloat16 x) { return BitsToFloat(uint32_t{x.bits} << 16); }
+
+inline float ToFloat(Half x) {
+  const uint32_t sign = uint32_t{x.bits & 0x8000u} << 16;
+  const uint32_t exponent = (x.bits >> 10) & 0x1f;
+  const uint32_t mantissa = x.bits & 0x3ff;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// Round to nearest even, as the hardware conversions do.
+inline BFloat16 ToBFloat16(float f) {
+  uint32_t u = FloatToBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1);
+  return {static_cast<uint16_t>(u >> 16)};
+}
+
+inline Half ToHalf(float f) {
+  uint32_t u = FloatToBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  uint32_t h;
+  if (u >= 0x47800000u) {  // >= 2^16: infinity, or NaN (kept quiet)
+    h = (u > 0x7f800000u) ? 0x7e00u : 0x7c00u;
+  } else if (u < 0x38800000u) {  // below 2^-14: subnormal half or zero
+    // Adding 0.5 aligns the 10 result bits at the bottom of the mantissa and
+    // lets the float adder do the round-to-nearest-even.
+    h = FloatToBits(BitsToFloat(u) + 0.5f) - FloatToBits(0.5f);
+  } else {
+    const uint32_t odd = (u >> 13) & 1;
+    h = (u + 0xc8000fffu + odd) >> 13;  // rebias exponent (-112 << 23), round
+  }
+  return {static_cast<uint16_t>(h | sign)};
+}
+
+template <class Acc, class T> inline Acc Load(T x) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return ToFloat(x);
+  else return static_cast<Acc>(x);
+}
+
+template <class T, class Acc> inline T Store(Acc x) {
+  if constexpr (std::is_same_v<T, Half>) return ToHalf(static_cast<float>(x));
+  else if constexpr (std::is_same_v<T, BFloat16>) return ToBFloat16(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+
+template <class T> inline T Min(T a, T b) { return a < b ? a : b; }
+inline int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+inline size_t Align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// ---- Micro-kernel -----------------------------------------------------------------
+
+// The register block of one accumulator type on this instruction set: MR rows
+// by NR columns of Acc, NR a whole number of VectorBytes-wide vectors.
+// Row edges run on multiples of RowStep rows (see EdgeMicroKernel).
+template <class Acc, int VectorBytes, int MR, int NRVectors, int RowStep, int64_t KC,
+          int64_t L2BlockBytes>
+struct Config {
+  using acc_type = Acc;
+  static constexpr int kLanes = VectorBytes / static_cast<int>(sizeof(Acc));
+  static constexpr int kMr = MR, kVectors = NRVectors, kNr = NRVectors * kLanes;
+  static constexpr int kRowStep = RowStep;
+  static_assert(MR % RowStep == 0, "row edges step up to MR");
+  static constexpr int64_t kKc = KC;
+  // Columns of the packed B block (kc x nc): as many as fill L2BlockBytes.
+  static constexpr int64_t kNc =
+      (L2BlockBytes / (KC * static_cast<int64_t>(sizeof(Acc)))) / kNr * kNr;
+  static_assert(kNc >= kNr, "the B block must hold at least one micro-panel");
+  typedef Acc Vec __attribute__((vector_size(VectorBytes), aligned(VectorBytes)));
+  typedef Acc UnalignedVec __attribute__((vector_size(VectorBytes), aligned(sizeof(Acc))));
+};
+
+// c[Rows x NR] (row stride ldc) = (accumulate ? c : 0) + A * B over kc, with A
+// the first Rows rows of a packed micro-panel (kc x MR, MR contiguous) and B
+// one (kc x NR, NR contiguous). The accumulators live in Rows * NR / kLanes
+// vector registers for the whole depth; c is touched once at the end. Each
+// element is the same FMA chain whatever Rows is, so a short row edge can run
+// fewer rows without changing a bit of the result.
+template <class C, int Rows = C::kMr>
+__attribute__((always_inline)) inline void MicroKernel(int64_t kc,
+                                                       const typename C::acc_type* __restrict a,
+                                                       const typename C::acc_type* __restrict b,
+                                                       typename C::acc_type* __restrict c,
+                                                       int64_t ldc, bool accumulate) {
+  using Acc = typename C::acc_type;
+  using Vec = typename C::Vec;
+  using UVec = typename C::UnalignedVec;
+  constexpr int MR = C::kMr, NV = C::kVectors, NR = C::kNr, L = C::kLanes;
+  static_assert(Rows >= 1 && Rows <= MR, "a micro-kernel covers at most MR rows");
+
+  // The tile of c is needed only after the loop: start fetching it now.
+#pragma GCC unroll 32
+  for (int i = 0; i < Rows; ++i) {
+    __builtin_prefetch(c + i * ldc, 1);
+    __builtin_prefetch(c + i * ldc + NR - 1, 1);
+  }
+
+  Vec acc[Rows][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < Rows; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = Vec{};
+
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < kc; ++p) {
+    Vec bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const Vec*>(b + p * NR + v * L);
+#pragma GCC unroll 32
+    for (int i = 0; i < Rows; ++i) {
+      const Acc ai = a[p * MR + i];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
+    }
+  }
+
+#pragma GCC unroll 32
+  for (int i = 0; i < Rows; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      UVec* cv = reinterpret_cast<UVec*>(c + i * ldc + v * L);
+      *cv = accumulate ? *cv + acc[i][v] : acc[i][v];
+    }
+}
+
+// Runs the micro-kernel for a row edge of `rows` < MR live rows on the
+// fewest rows that cover them, in steps of C::kRowStep: a 16-row problem on
+// 12-row blocks would otherwise spend a third of its time on padding.
+template <class C, int Rows = C::kRowStep>
+__attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t kc,
+                                                           const typename C::acc_type* a,
+                                                           const typename C::acc_type* b,
+                                                           typename C::acc_type* c, int64_t ldc,
+                                                           bool accumulate) {
+  if constexpr (Rows >= C::kMr) {
+    MicroKernel<C>(kc, a, b, c, ldc, accumulate);
+  } else {
+    if (rows <= Rows) return MicroKernel<C, Rows>(kc, a, b, c, ldc, accumulate);
+    EdgeMicroKernel<C, Rows + C::kRowStep>(rows, kc, a, b, c, ldc, accumulate);
+  }
+}
+
+// ---- Packing ------------------------------------------------------------------------
+
+// Packs rows [0, rows) x depth [0, depth) of a strided matrix x (element (r, p)
+// at x[r * row_stride + p * depth_stride]) into panels of W rows, each stored
+// depth-major: dst[(r / W) * depth * W + p * W + r % W]. Rows past `rows` up
+// to the next multiple of W are zero, so edge micro-tiles need no masking.
+// GCC would turn the W-wide copies into a memcpy call per depth step, a call
+// per 48-128 bytes: keep them inline vector moves.
+#if defined(__GNUC__) && !defined(__clang__)
+#define JAX_TILED_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define JAX_TILED_NO_MEMCPY_CALLS
+#endif
+
+template <int W, class Acc, class In>
+JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
+                int64_t depth, Acc* __restrict dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += W) {
+    Acc* __restrict panel = dst + r0 * depth;
+    const In* src = x + r0 * row_stride;
+    const int64_t live = Min<int64_t>(W, rows - r0);
+    if (live == W && row_stride == 1) {
+      // The panel's rows are adjacent in memory: each depth step is a W-wide
+      // contiguous copy (vector loads and stores).
+      for (int64_t p = 0; p < depth; ++p) {
+        const In* s = src + p * depth_stride;
+#pragma GCC unroll 8
+        for (int r = 0; r < W; ++r) panel[p * W + r] = Load<Acc>(s[r]);
+      }
+    } else if (live == W && depth_stride == 1) {
+      // A transpose, in blocks of 8 depth steps: each source row is read 8
+      // contiguous elements at a time while its line is in L1, and the block's
+      // writes land in 8 * W consecutive elements of the panel.
+      int64_t p = 0;
+      for (; p + 8 <= depth; p += 8) {
+#pragma GCC unroll 32
+        for (int r = 0; r < W; ++r)
+#pragma GCC unroll 8
+          for (int q = 0; q < 8; ++q)
+            panel[(p + q) * W + r] = Load<Acc>(src[r * row_stride + p + q]);
+      }
+      for (; p < depth; ++p)
+#pragma GCC unroll 32
+        for (int r = 0; r < W; ++r) panel[p * W + r] = Load<Acc>(src[r * row_stride + p]);
+    } else {
+      for (int64_t p = 0; p < depth; ++p) {
+        for (int64_t r = 0; r < live; ++r)
+          panel[p * W + r] = Load<Acc>(src[r * row_stride + p * depth_stride]);
+        for (int64_t r = live; r < W; ++r) panel[p * W + r] = Acc{0};
+      }
+    }
+  }
+}
+
+// ---- One output tile ------------------------------------------------------------------
+
+template <class C, class Out>
+constexpr bool kWritesOutput = std::is_same_v<Out, typename C::acc_type>;
+
+// Scratch layout: packed A slab (rows padded x kc), packed B block (kc x nc),
+// and, when the output is not the accumulator type, an accumulator tile.
+template <class C, class Out>
+size_t ScratchBytes(int64_t rows, int64_t cols) {
+  using Acc = typename C::acc_type;
+  size_t bytes = Align64(RoundUp(rows, C::kMr) * C::kKc * sizeof(Acc)) +
+                 Align64(C::kKc * C::kNc * sizeof(Acc));
+  if (!kWritesOutput<C, Out>) bytes += Align64(rows * cols * sizeof(Acc));
+  return bytes;
+}
+
+template <class C, class In, class Out>
+void RunTile(const Operands& op, const Tile& t, void* scratch) {
+  using Acc = typename C::acc_type;
+  constexpr int MR = C::kMr, NR = C::kNr;
+  constexpr int64_t KC = C::kKc, NC = C::kNc;
+
+  char* bytes = static_cast<char*>(scratch);
+  Acc* apack = reinterpret_cast<Acc*>(bytes);
+  bytes += Align64(RoundUp(t.rows, MR) * KC * sizeof(Acc));
+  Acc* bpack = reinterpret_cast<Acc*>(bytes);
+  bytes += Align64(KC * NC * sizeof(Acc));
+
+  const In* a = static_cast<const In*>(op.a) + t.batch * op.a_batch_stride + t.i0 * op.a_row;
+  const In* b = static_cast<const In*>(op.b) + t.batch * op.b_batch_stride + t.j0 * op.b_col;
+  Out* out = static_cast<Out*>(op.out) + t.batch * op.out_batch_stride + t.i0 * op.ldc + t.j0;
+  // Same-type results accumulate in place in the output; others in scratch.
+  Acc* c;
+  int64_t ldc;
+  if constexpr (kWritesOutput<C, Out>) {
+    c = out, ldc = op.ldc;
+  } else {
+    c = reinterpret_cast<Acc*>(bytes), ldc = t.cols;
+  }
+
+  for (int64_t k0 = 0; k0 < op.k; k0 += KC) {
+    const int64_t kc = Min(KC, op.k - k0);
+    const bool accumulate = k0 > 0;
+    PackPanels<MR>(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, kc, apack);
+    for (int64_t j0 = 0; j0 < t.cols; j0 += NC) {
+      const int64_t nc = Min(NC, t.cols - j0);
+      PackPanels<NR>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, kc, bpack);
+      for (int64_t i = 0; i < t.rows; i += MR) {
+        const int64_t live_rows = Min<int64_t>(MR, t.rows - i);
+        for (int64_t j = 0; j < nc; j += NR) {
+          const int64_t live_cols = Min<int64_t>(NR, nc - j);
+          Acc* cij = c + i * ldc + j0 + j;
+          if (live_rows == MR && live_cols == NR) {
+            MicroKernel<C>(kc, apack + i * kc, bpack + j * kc, cij, ldc, accumulate);
+            continue;
+          }
+          // An edge: run the same micro-kernel on a full-size copy, so edge
+          // elements see exactly the arithmetic of interior ones.
+          alignas(64) Acc edge[MR * NR];
+          for (int r = 0; r < live_rows; ++r)
+            for (int s = 0; s < live_cols; ++s) edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
+          EdgeMicroKernel<C>(live_rows, kc, apack + i * kc, bpack + j * kc, edge, NR, accumulate);
+          for (int r = 0; r < live_rows; ++r)
+            for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
+        }
+      }
+    }
+  }
+
+  if constexpr (!kWritesOutput<C, Out>) {
+    for (int64_t i = 0; i < t.rows; ++i)
+      for (int64_t j = 0; j < t.cols; ++j) out[i * op.ldc + j] = Store<Out>(c[i * ldc + j]);
+  }
+}
+
+// ---- Dtype dispatch and the exported table ---------------------------------------------
+
+template <class F>
+void VisitStorage(Dtype t, F&& f) {
+  switch (t) {
+    case Dtype::kF16: return f(Half{});
+    case Dtype::kBF16: return f(BFloat16{});
+    case Dtype::kF32: return f(float{});
+    case Dtype::kF64: return f(double{});
+  }
+}
+
+// Config32 and Config64 are this instruction set's Config for float and double.
+template <class Config32, class Config64>
+struct Kernels {
+  // float64 accumulates when either side is float64 (as ffi_common.h's Accumulator).
+  template <class In, class Out>
+  using ConfigFor = std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
+                                       Config64, Config32>;
+
+  static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
+    size_t bytes = 0;
+    VisitStorage(op.in, [&](auto in) {
+      VisitStorage(op.out_type, [&](auto out) {
+        using In = decltype(in);
+        using Out = decltype(out);
+        bytes = ScratchBytes<ConfigFor<In, Out>, Out>(rows, cols);
+      });
+    });
+    return bytes;
+  }
+
+  static void Run(const Operands& op, const Tile& tile, void* scratch) {
+    VisitStorage(op.in, [&](auto in) {
+      VisitStorage(op.out_type, [&](auto out) {
+        using In = decltype(in);
+        using Out = decltype(out);
+        RunTile<ConfigFor<In, Out>, In, Out>(op, tile, scratch);
+      });
+    });
+  }
+
+  static IsaKernels Make(const char* name) {
+    return {name, {Config32::kMr, Config32::kNr, Config32::kKc, Config32::kNc},
+            {Config64::kMr, Config64::kNr, Config64::kKc, Config64::kNc}, &Scratch, &Run};
+  }
+};
+
+}  // namespace jax_tiled::cpu::JAX_TILED_ISA

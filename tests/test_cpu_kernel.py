@@ -1,0 +1,110 @@
+"""The CPU kernel against a float64 reference where its blocking has edges:
+register blocks (12 rows x 32 float32 / 16 float64 columns with AVX-512, 6 x
+16 / 6 x 8 with AVX2), the 256-deep slabs, the L2 column block and the
+1024-row and -column tiles; and its determinism (the result of an element
+does not depend on how the output was cut into tiles)."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import HIGHEST, LAYOUTS, bind_product, operands, x64
+
+EDGE_ROWS = (1, 7, 12, 13)
+EDGE_COLS = (1, 9, 16, 17, 32, 33)
+EDGE_DEPTHS = (1, 255, 256, 257)
+
+
+def run(a, b, ta, tb, out_dtype=None):
+    with jax.default_device(jax.devices("cpu")[0]):
+        return np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel="blocked",
+                                       out_dtype=out_dtype))
+
+
+def check(out, opa, opb, eps):
+    """|out - exact| within the worst-case bound of a k-term float sum (plus the
+    rounding of the result), relative to sum |a||b|."""
+    exact = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
+    scale = np.matmul(np.abs(opa).astype(np.float64), np.abs(opb).astype(np.float64))
+    k = opa.shape[-1]
+    np.testing.assert_array_less(np.abs(out.astype(np.float64) - exact),
+                                 (k + 2) * eps * scale + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ta,tb", LAYOUTS)
+def test_register_block_edges(rng, dtype, ta, tb):
+    with x64():
+        eps = np.finfo(dtype).eps
+        for m, n in itertools.product(EDGE_ROWS, EDGE_COLS):
+            k = 257 if m * n % 2 else 1
+            a, b, opa, opb = operands(rng, m, n, k, ta, tb, dtype)
+            check(run(a, b, ta, tb), opa, opb, eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", EDGE_DEPTHS + (513, 777))
+def test_slab_edges(rng, dtype, k):
+    with x64():
+        for ta, tb in LAYOUTS:
+            a, b, opa, opb = operands(rng, 13, 33, k, ta, tb, dtype)
+            check(run(a, b, ta, tb), opa, opb, np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("m,n,k", [(1025, 40, 70), (30, 1025, 70), (37, 513, 300),
+                                   (37, 257, 300), (1100, 1100, 20)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tile_and_column_block_edges(rng, m, n, k, dtype):
+    with x64():
+        for ta, tb in ((False, False), (True, True)):
+            a, b, opa, opb = operands(rng, m, n, k, ta, tb, dtype)
+            check(run(a, b, ta, tb), opa, opb, np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("batch_a,batch_b", [(3, 3), (1, 3), (3, 1)])
+def test_batches(rng, batch_a, batch_b):
+    for ta, tb in LAYOUTS:
+        a, b, opa, opb = operands(rng, 14, 35, 260, ta, tb, batch_a=batch_a, batch_b=batch_b)
+        out = run(a, b, ta, tb)
+        assert out.shape == (3, 14, 35)
+        check(out, opa, opb, np.finfo(np.float32).eps)
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [
+    ("bfloat16", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
+    ("float32", "float64"), ("float64", "float32"), ("float16", "float64")])
+def test_dtype_pairs(rng, in_dtype, out_dtype):
+    with x64():
+        a, b, opa, opb = operands(rng, 13, 33, 300, False, True, np.dtype(in_dtype))
+        out = run(a, b, False, True, out_dtype=np.dtype(out_dtype))
+        assert out.dtype == np.dtype(out_dtype)
+        eps = float(jnp.finfo(out_dtype).eps)
+        if out_dtype != "float64" and in_dtype != "float64":
+            eps = max(eps, float(jnp.finfo(np.float32).eps))  # float32 accumulation
+        check(out, opa.astype(np.float64), opb.astype(np.float64), eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_empty_depth_gives_zeros(rng, dtype):
+    with x64():
+        for ta, tb in LAYOUTS:
+            a, b, _, _ = operands(rng, 5, 7, 0, ta, tb, dtype, batch_a=2, batch_b=2)
+            out = run(a, b, ta, tb)
+            assert out.shape == (2, 5, 7) and not np.any(out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_result_does_not_depend_on_tiling(rng, dtype):
+    """Rows and columns computed as part of a large product and on their own
+    (other tiles, other threads) are bitwise equal: no sum is split by tile."""
+    with x64():
+        a, b, _, _ = operands(rng, 700, 1100, 600, False, False, dtype)
+        whole = run(a, b, False, False)
+        np.testing.assert_array_equal(run(a, b, False, False), whole)
+        np.testing.assert_array_equal(run(a[:, 100:113], b, False, False), whole[:, 100:113])
+        np.testing.assert_array_equal(run(a, b[:, :, 1000:1037], False, False),
+                                      whole[:, :, 1000:1037])
