@@ -198,8 +198,8 @@ LaunchPlan FixedPlan(const Product&, const DeviceFacts&) {
 // One kernel of the ladder, as the handler, auto and explain see it.
 struct KernelDescriptor {
   const char* name;
-  // Offered by jax_tiled.kernels() and open to auto; false for kernels that
-  // exist for the test suite only.
+  // Offered by jax_tiled.kernels(); false for kernels that exist for the
+  // test suite only (auto never names them).
   bool listed;
   Takes takes;
   // Why it cannot run a product whose dtypes and precision it takes (layout,
@@ -211,9 +211,7 @@ struct KernelDescriptor {
   cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, cudaStream_t stream);
 };
 
-// The kernels in ladder order (kernel_table.cu).
-const KernelDescriptor* const* Kernels();
-int KernelCount();
+// The kernel of that name in the table (kernel_table.cu), or null.
 const KernelDescriptor* FindKernel(std::string_view name);
 
 // Why `kernel` cannot run `product` on this GPU, or nullopt if it can. No

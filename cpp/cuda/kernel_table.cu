@@ -55,9 +55,6 @@ std::string Capability(int compute_capability) {
 }
 }  // namespace
 
-const KernelDescriptor* const* Kernels() { return kLadder; }
-int KernelCount() { return static_cast<int>(std::size(kLadder)); }
-
 const KernelDescriptor* FindKernel(std::string_view name) {
   for (const KernelDescriptor* k : kLadder)
     if (name == k->name) return k;
