@@ -7,14 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include "precision.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled {
 
 namespace ffi = xla::ffi;
-
-// Mirrors the Python side's precision names; values are the FFI attribute.
-enum class Precision : int32_t { kDefault = 0, kHigh = 1, kHighest = 2 };
 
 // out[b] = op(a[b]) @ op(b[b]) for b in [0, batch), all arrays row-major.
 //   a: (batch_a, m, k), or (batch_a, k, m) when transpose_a

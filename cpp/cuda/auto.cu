@@ -7,7 +7,7 @@ namespace {
 
 const KernelDescriptor& Kernel(const char* name) { return *FindKernel(name); }
 
-bool IsSixteenBit(ffi::DataType t) { return t == ffi::DataType::F16 || t == ffi::DataType::BF16; }
+bool IsSixteenBit(Dtype t) { return t == Dtype::kF16 || t == Dtype::kBF16; }
 
 // "16-bit inputs", or how float32 runs on the tensor cores at this precision.
 std::string TensorCoreInputs(const Product& p) {
@@ -21,7 +21,7 @@ std::string TensorCoreInputs(const Product& p) {
 std::string WhyNotWgmma(const Product& p, const DeviceFacts& device) {
   const MatmulDims& d = p.dims;
   if (device.compute_capability != 90) return "wgmma needs a Hopper GPU";
-  if (p.in_type == ffi::DataType::F32 && d.transpose_a && !d.transpose_b)
+  if (p.in_type == Dtype::kF32 && d.transpose_a && !d.transpose_b)
     return "TF32 wgmma needs a K-major operand in shared memory and a stored (k, m) with b "
            "stored (k, n) has none";
   return "the TMA copy engine needs rows and batches that start at multiples of 16 bytes "
@@ -42,8 +42,8 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   };
   const int cc = device.compute_capability;
   const bool tf32 =
-      p.in_type == ffi::DataType::F32 && p.precision != Precision::kHighest && cc >= 80;
-  if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != ffi::DataType::F64) {
+      p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
+  if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
         return TensorCoreInputs(p) + " on a Hopper GPU, operands the TMA copy engine can read: "
@@ -54,7 +54,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
       return TensorCoreInputs(p) + ": mma.sync tensor cores, since " + WhyNotWgmma(p, device);
     });
   }
-  if (p.in_type == ffi::DataType::F64)
+  if (p.in_type == Dtype::kF64)
     return choose(smem16, [] {
       return "float64: warptile would spill its 64 double accumulators per thread";
     });
@@ -78,7 +78,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
       return small() + "; with few warps per SM the 4-stage cp.async pipeline hides latency best";
     });
   return choose(warptile, [&] {
-    return small() + "; " + DataTypeName(p.in_type) + " -> " + DataTypeName(p.out_type) +
+    return small() + "; " + DtypeName(p.in_type) + " -> " + DtypeName(p.out_type) +
            " needs warptile's converting copies";
   });
 }

@@ -28,6 +28,16 @@ MatmulDims ToDims(const MatmulProblem& p) {
           p.transpose_a, p.transpose_b};
 }
 
+// MakeMatmulProblem admits these four only.
+Dtype ToDtype(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F16: return Dtype::kF16;
+    case ffi::DataType::BF16: return Dtype::kBF16;
+    case ffi::DataType::F64: return Dtype::kF64;
+    default: return Dtype::kF32;
+  }
+}
+
 ffi::Error CudaError(const char* what, cudaError_t err) {
   return ffi::Error::Internal(std::string("tiled_matmul: ") + what + ": " +
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
@@ -57,10 +67,9 @@ DeviceFacts CurrentDevice() {
   return facts;
 }
 
-std::optional<ffi::DataType> ParseDtype(std::string_view name) {
-  for (ffi::DataType t : {ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32,
-                          ffi::DataType::F64})
-    if (name == DataTypeName(t)) return t;
+std::optional<Dtype> ParseDtype(std::string_view name) {
+  for (Dtype t : {Dtype::kF16, Dtype::kBF16, Dtype::kF32, Dtype::kF64})
+    if (name == DtypeName(t)) return t;
   return std::nullopt;
 }
 
@@ -72,7 +81,7 @@ std::optional<Precision> ParsePrecision(int code) {
 // A product of contiguous operands of these shapes, before buffers exist.
 std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dtype,
                                  const ProblemShape& s, int precision) {
-  const std::optional<ffi::DataType> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
+  const std::optional<Dtype> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
   const std::optional<Precision> mode = ParsePrecision(precision);
   if (!in_type || !out_type || !mode) return std::nullopt;
   return Product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
@@ -89,8 +98,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const bool is_auto = p.kernel == "auto";
   const KernelDescriptor* const forced = is_auto ? nullptr : FindKernel(p.kernel);
   if (!is_auto && !forced) return UnknownKernel("CUDA", p.kernel, KernelNames());
-  const Product product{ToDims(p), p.in_type, p.out_type, p.precision, a.untyped_data(),
-                        b.untyped_data()};
+  const Product product{ToDims(p), ToDtype(p.in_type), ToDtype(p.out_type), p.precision,
+                        a.untyped_data(), b.untyped_data()};
   const DeviceFacts device = CurrentDevice();
   if (forced)
     if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))

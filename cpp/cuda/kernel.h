@@ -14,13 +14,28 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "cuda/blocks/common.cuh"
-#include "ffi_common.h"
-#include "problem.h"
+#include "precision.h"
 
 namespace jax_tiled::cuda {
+
+// The float dtypes, as kernels see them. Kernel code does not include the
+// FFI's headers, which cost seconds of compile time in every translation unit
+// and every GPU architecture; the handler converts.
+enum class Dtype : uint8_t { kF16, kBF16, kF32, kF64 };
+
+constexpr const char* DtypeName(Dtype t) {
+  switch (t) {
+    case Dtype::kF16: return "float16";
+    case Dtype::kBF16: return "bfloat16";
+    case Dtype::kF32: return "float32";
+    case Dtype::kF64: return "float64";
+  }
+  return "an unknown dtype";
+}
 
 // What the planners and refusals need to know of the GPU.
 struct DeviceFacts {
@@ -33,15 +48,13 @@ struct DeviceFacts {
 // buffers far beyond 16 bytes, so null stands for any of them.
 struct Product {
   MatmulDims dims;
-  ffi::DataType in_type, out_type;
+  Dtype in_type, out_type;
   Precision precision;
   const void* a = nullptr;
   const void* b = nullptr;
 
   // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.
-  bool SplitsTf32() const {
-    return in_type == ffi::DataType::F32 && precision == Precision::kHigh;
-  }
+  bool SplitsTf32() const { return in_type == Dtype::kF32 && precision == Precision::kHigh; }
 };
 
 // What a planner chose and its launcher runs: the block's output tile, the
@@ -95,14 +108,14 @@ enum DtypeBit : uint8_t { kF16 = 1, kBF16 = 2, kF32 = 4, kF64 = 8 };
 inline constexpr uint8_t kSixteenBit = kF16 | kBF16;
 inline constexpr uint8_t kEveryFloat = kF16 | kBF16 | kF32 | kF64;
 
-constexpr uint8_t DtypeBits(ffi::DataType t) {
+constexpr uint8_t DtypeBits(Dtype t) {
   switch (t) {
-    case ffi::DataType::F16: return kF16;
-    case ffi::DataType::BF16: return kBF16;
-    case ffi::DataType::F32: return kF32;
-    case ffi::DataType::F64: return kF64;
-    default: return 0;
+    case Dtype::kF16: return kF16;
+    case Dtype::kBF16: return kBF16;
+    case Dtype::kF32: return kF32;
+    case Dtype::kF64: return kF64;
   }
+  return 0;
 }
 
 // What a kernel takes, for refusals and for compiling only the products it
@@ -117,7 +130,7 @@ struct Takes {
   bool hopper_only = false;  // arch-specific sm_90a instructions: 9.0 exactly
   const char* dtype_reason = "";  // why inputs/outputs are limited, for the refusal
 
-  constexpr bool TakesDtypes(ffi::DataType in, ffi::DataType out) const {
+  constexpr bool TakesDtypes(Dtype in, Dtype out) const {
     return (inputs & DtypeBits(in)) && (outputs & DtypeBits(out));
   }
 };
@@ -132,12 +145,24 @@ constexpr Takes TensorCoreTakes(int min_capability, bool hopper_only) {
 }
 
 // The storage type of a dtype in device code.
-template <ffi::DataType T> struct StorageOf;
-template <> struct StorageOf<ffi::DataType::F16> { using type = __half; };
-template <> struct StorageOf<ffi::DataType::BF16> { using type = __nv_bfloat16; };
-template <> struct StorageOf<ffi::DataType::F32> { using type = float; };
-template <> struct StorageOf<ffi::DataType::F64> { using type = double; };
-template <ffi::DataType T> using Storage = typename StorageOf<T>::type;
+template <Dtype T> struct StorageOf;
+template <> struct StorageOf<Dtype::kF16> { using type = __half; };
+template <> struct StorageOf<Dtype::kBF16> { using type = __nv_bfloat16; };
+template <> struct StorageOf<Dtype::kF32> { using type = float; };
+template <> struct StorageOf<Dtype::kF64> { using type = double; };
+template <Dtype T> using Storage = typename StorageOf<T>::type;
+
+// Calls f(std::integral_constant<Dtype, t>{}) for the dtype t.
+template <class F>
+cudaError_t VisitDtype(Dtype t, F&& f) {
+  switch (t) {
+    case Dtype::kF16: return f(std::integral_constant<Dtype, Dtype::kF16>{});
+    case Dtype::kBF16: return f(std::integral_constant<Dtype, Dtype::kBF16>{});
+    case Dtype::kF32: return f(std::integral_constant<Dtype, Dtype::kF32>{});
+    case Dtype::kF64: return f(std::integral_constant<Dtype, Dtype::kF64>{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 // The accumulator of a product: float64 when either side is float64.
 template <class In, class Out>
@@ -148,26 +173,22 @@ using AccumulatorOf =
 // admits only, so a launcher compiles nothing else. The handler has refused
 // the others; reaching one is an invalid launch.
 template <const Takes& kTakes, class F>
-cudaError_t VisitInput(ffi::DataType in_type, F&& f) {
-  cudaError_t err = cudaErrorInvalidValue;
-  VisitFloatType(in_type, [&](auto tag) {
-    constexpr ffi::DataType kIn = decltype(tag)::value;
-    if constexpr ((kTakes.inputs & DtypeBits(kIn)) != 0) err = f(Storage<kIn>{});
-    return ffi::Error::Success();
+cudaError_t VisitInput(Dtype in_type, F&& f) {
+  return VisitDtype(in_type, [&](auto tag) -> cudaError_t {
+    constexpr Dtype kIn = decltype(tag)::value;
+    if constexpr ((kTakes.inputs & DtypeBits(kIn)) != 0) return f(Storage<kIn>{});
+    return cudaErrorInvalidValue;
   });
-  return err;
 }
 
 // The same for the result's storage type.
 template <const Takes& kTakes, class F>
-cudaError_t VisitOutput(ffi::DataType out_type, F&& f) {
-  cudaError_t err = cudaErrorInvalidValue;
-  VisitFloatType(out_type, [&](auto tag) {
-    constexpr ffi::DataType kOut = decltype(tag)::value;
-    if constexpr ((kTakes.outputs & DtypeBits(kOut)) != 0) err = f(Storage<kOut>{});
-    return ffi::Error::Success();
+cudaError_t VisitOutput(Dtype out_type, F&& f) {
+  return VisitDtype(out_type, [&](auto tag) -> cudaError_t {
+    constexpr Dtype kOut = decltype(tag)::value;
+    if constexpr ((kTakes.outputs & DtypeBits(kOut)) != 0) return f(Storage<kOut>{});
+    return cudaErrorInvalidValue;
   });
-  return err;
 }
 
 // Calls f(In{}, Out{}) for the product's storage types.
@@ -210,6 +231,9 @@ struct KernelDescriptor {
   // Runs that plan on `stream`. k > 0 and a non-empty output.
   cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, cudaStream_t stream);
 };
+
+// Comma-separated, in ladder order: what jax_tiled.kernels("cuda") lists.
+std::string KernelNames();
 
 // The kernel of that name in the table (kernel_table.cu), or null.
 const KernelDescriptor* FindKernel(std::string_view name);

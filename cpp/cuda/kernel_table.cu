@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "cuda/kernel.h"
-#include "cuda/matmul.h"
 
 namespace jax_tiled::cuda {
 
@@ -74,9 +73,9 @@ std::optional<std::string> Refusal(const KernelDescriptor& kernel, const Product
   if (!takes.TakesDtypes(p.in_type, p.out_type))
     return Quoted(kernel) + " computes " + DtypeList(takes.inputs, !takes.true_fp32) +
            " inputs into a " + DtypeList(takes.outputs, false) + " result (" +
-           takes.dtype_reason + "); got " + DataTypeName(p.in_type) + " -> " +
-           DataTypeName(p.out_type);
-  if (!takes.true_fp32 && p.in_type == ffi::DataType::F32 && p.precision == Precision::kHighest)
+           takes.dtype_reason + "); got " + DtypeName(p.in_type) + " -> " +
+           DtypeName(p.out_type);
+  if (!takes.true_fp32 && p.in_type == Dtype::kF32 && p.precision == Precision::kHighest)
     return Quoted(kernel) + " computes float32 on TF32 tensor cores (precision DEFAULT: one "
            "TF32 pass, HIGH: 3xTF32) and cannot give the true fp32 arithmetic that precision "
            "HIGHEST asks for; use " + TrueFp32Kernels() + ", or kernel='auto'";

@@ -11,7 +11,7 @@ JAX_TILED_EXTERN_PER_INPUT(LaunchWgmmaFor)
 namespace {
 
 std::optional<std::string> RefusesLayout(const Product& p) {
-  const bool tf32 = p.in_type == ffi::DataType::F32;
+  const bool tf32 = p.in_type == Dtype::kF32;
   const MatmulDims& d = p.dims;
   if (!WgmmaLayoutFits(tf32, d))
     return "kernel 'wgmma' reads float32 as TF32, whose shared-memory operands must be K-major "

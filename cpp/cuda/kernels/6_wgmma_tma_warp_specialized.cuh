@@ -542,7 +542,7 @@ inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 // fill the GPU; swapped for TF32 with B stored MN-major; a persistent grid of
 // one block per SM, or per tile where there are fewer.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
-  const bool swap_ab = WgmmaSwapsAB(p.in_type == ffi::DataType::F32, p.dims);
+  const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
   LaunchPlan plan = p.SplitsTf32() ? PlanOf<WgmmaSplit>(swap_ab)
                     : WgmmaUsesWideTiles(arranged, multiprocessors) ? PlanOf<WgmmaWide>(swap_ab)
