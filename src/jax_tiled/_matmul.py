@@ -118,7 +118,7 @@ def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgo
         precision = jax.config.jax_default_matmul_precision
         if precision is None:
             return lax.Precision.DEFAULT
-    if isinstance(precision, (tuple, list)):
+    if isinstance(precision, (tuple, list)) and not isinstance(precision, lax.DotAlgorithm):
         if len(precision) != 2:
             raise ValueError(f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}")
         return max((_one_precision(p, allow_preset=False) for p in precision),
@@ -275,8 +275,9 @@ def _array_like(x):
 
 
 def _hashable(x):
-    """Lists as tuples, so that an argument can be a static one of `jit`."""
-    return tuple(map(_hashable, x)) if isinstance(x, (list, tuple)) else x
+    """Lists as tuples, so that an argument can be a static one of `jit`
+    (named tuples, such as a lax.DotAlgorithm, kept as they are)."""
+    return tuple(map(_hashable, x)) if isinstance(x, list) or type(x) is tuple else x
 
 
 def reshard_result(out, out_sharding):
