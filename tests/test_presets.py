@@ -411,3 +411,23 @@ def test_other_algorithm_forms_are_refused(bad):
     a = jnp.ones((4, 4))
     with pytest.raises(ValueError, match="unsupported precision"):
         jax_tiled.matmul(a, a, precision=bad)
+
+
+def test_presets_on_operands_sharded_over_k(rng):
+    """K split over 4 CPU devices, so each device's partial products are summed:
+    a bfloat16 preset as on one device, and F64_F64_F64 on float32 operands,
+    which traces float64 with jax_enable_x64 off, still float64's result."""
+    devices = jax.devices("cpu")[:4]
+    mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+    spec = jax.sharding.NamedSharding
+    P = jax.sharding.PartitionSpec
+    a, b = operand_pair(rng, ((), 24, 64, 20), F32)
+    a_s = jax.device_put(a, spec(mesh, P(None, "x")))
+    b_s = jax.device_put(b, spec(mesh, P("x", None)))
+    with jax.default_device(devices[0]):
+        for preset in (Preset.BF16_BF16_F32, Preset.F64_F64_F64):
+            out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, precision=preset))(a_s, b_s)
+            if preset == Preset.F64_F64_F64:
+                assert_float64_rounded_once(out, a, b)
+            else:
+                assert_runs_as("cpu", out, a, b, preset, F32)

@@ -76,10 +76,17 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
                       transpose_b=transpose_b, out_dtype=run.product_dtype,
                       precision=PRECISION_CODES[run.precision], kernel=str(kernel))
 
+    wide = _presets.needs_x64(run)
+
     def partitioned(a, b):
         with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
             a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
-            out = _partitioned_product(a, b, product)
+            if wide:
+                # The partitioning callbacks trace later, with float64 off again:
+                # the bare call instead (XLA gathers sharded operands for it).
+                out = ffi_product(a, b, product, product.out_dtype)
+            else:
+                out = _partitioned_product(a, b, product)
             return lax.convert_element_type(out, out_aval.dtype)
 
     with _presets.wide_types(run):

@@ -166,11 +166,17 @@ def trace_platform() -> str:
     return {"gpu": "cuda"}.get(platform, platform)
 
 
+def needs_x64(run: Run) -> bool:
+    """Whether the product computes in float64 while jax_enable_x64 is off (as
+    jax's own F64_F64_F64 lowering does for float32 operands): tracing it then
+    needs float64 switched on."""
+    return F64 in (run.operand_dtype, run.product_dtype) and not jax.config.jax_enable_x64
+
+
 @contextlib.contextmanager
 def wide_types(run: Run):
-    """float64 available while tracing a product that computes in it, as jax's
-    own F64_F64_F64 lowering computes in float64 with jax_enable_x64 off."""
-    if F64 in (run.operand_dtype, run.product_dtype) and not jax.config.jax_enable_x64:
+    """float64 available while tracing a product that needs_x64."""
+    if needs_x64(run):
         with jax.enable_x64(True):
             yield
     else:
