@@ -154,8 +154,9 @@ def test_what_runs_on_cpu():
 @pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=lambda d: d.name)
 def test_each_preset_runs_as_jnp_with_at_least_its_accuracy(platform, rng, shape, dtype):
     """Every preset the backend takes: jnp's output dtype, the preset's meaning
-    (assert_runs_as), and an error against float64 within 2x jnp's same preset
-    (both exact fp32 where the orders of summation differ; equal elsewhere)."""
+    (assert_runs_as), and an error against float64 within 2x jnp's same preset,
+    plus one float32 rounding: where both compute exact fp32 they differ only
+    in the order of summation."""
     a, b = operand_pair(rng, shape, dtype)
     ref = exact(a, b)
     off = []
@@ -166,7 +167,7 @@ def test_each_preset_runs_as_jnp_with_at_least_its_accuracy(platform, rng, shape
         assert_runs_as(platform, out, a, b, preset, dtype)
         error, jnp_error = norm_error(out, ref), norm_error(want, ref)
         assert error > 0
-        if error > 2 * jnp_error:
+        if error > 2 * jnp_error + EPS[F32]:
             off.append(f"{preset.name}: {error:.2e} vs jnp's {jnp_error:.2e}")
     assert not off, "\n".join(off)
 

@@ -30,7 +30,8 @@ from jax_tiled._primitive import (PRECISION_CODES, SUPPORTED_DTYPES, check_kerne
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
-# What `precision=` takes: None, a lax.Precision, its string names, or a pair.
+# What `precision=` takes: None, a lax.Precision, its string names, a pair of
+# those, or a lax.DotAlgorithmPreset or its name.
 PrecisionLike = Any
 # What `preferred_element_type=` takes: None or anything np.dtype takes.
 DTypeLike = Any
