@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 
 from jax_tiled._matmul import (DTypeLike, PrecisionLike, _array_like, _check_float, _check_kernel,
-                               _hashable, canonical_precision, check_operand_dtypes,
+                               _hashable, check_operand_dtypes, check_precision,
                                reshard_result)
 from jax_tiled._primitive import tiled_matmul
 
@@ -190,7 +190,7 @@ def _dot_general_jit(lhs, rhs, *, dimension_numbers, precision, preferred_elemen
     dtype = result_dtype(lhs.dtype, rhs.dtype)
     out_dtype = dtype if preferred_element_type is None else _check_float(
         "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type), _API)
-    precision = canonical_precision(precision)
+    precision = check_precision(precision, _API)
 
     (lc, rc), (lb, rb) = dimension_numbers
     lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)

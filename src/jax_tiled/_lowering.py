@@ -5,12 +5,15 @@ package was built with nvcc), the lowering rule
 
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
-2. describes the call as a static `Product` (FFI target, transpose flags,
+2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
+   of the operands and the result around a product at one of the kernels'
+   precision modes;
+3. describes the call as a static `Product` (FFI target, transpose flags,
    output dtype, precision code, kernel name);
-3. lowers `ffi_product` behind `_sharding.partitioned`, so that under `jit`
+4. lowers `ffi_product` behind `_sharding.partitioned`, so that under `jit`
    with sharded operands each device runs the kernel on its own blocks, and on
    one device the program holds just the custom call;
-4. keeps the sharding that abstract evaluation promised under explicit mesh axes.
+5. keeps the sharding that abstract evaluation promised under explicit mesh axes.
 
 Importing this module registers the rules; `jax_tiled/__init__.py` does.
 """
@@ -22,9 +25,10 @@ import functools
 
 import jax
 import numpy as np
+from jax import lax
 from jax.interpreters import mlir
 
-from jax_tiled import _compat, _ffi, _sharding
+from jax_tiled import _compat, _ffi, _presets, _sharding
 from jax_tiled._primitive import PRECISION_CODES, check_kernel_runs, problem_dims, tiled_matmul_p
 
 
@@ -60,20 +64,33 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
         raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
                          f"valid: {['auto', *available]}")
     a_aval, b_aval = ctx.avals_in
-    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
-    check_kernel_runs(platform, kernel, a_aval.dtype, out_dtype,
-                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
-                      precision)
     out_aval, = ctx.avals_out
+    # A preset becomes casts around a product at one of the kernels' modes, for
+    # this platform (a preset it refuses raises ValueError here).
+    run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
+    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    check_kernel_runs(platform, kernel, run.operand_dtype, run.product_dtype,
+                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
+                      run.precision)
     product = Product(target=_ffi.TARGETS[platform], transpose_a=transpose_a,
-                      transpose_b=transpose_b, out_dtype=np.dtype(out_aval.dtype),
-                      precision=PRECISION_CODES[precision], kernel=str(kernel))
+                      transpose_b=transpose_b, out_dtype=run.product_dtype,
+                      precision=PRECISION_CODES[run.precision], kernel=str(kernel))
+
+    wide = _presets.needs_x64(run)
 
     def partitioned(a, b):
         with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
-            return _partitioned_product(a, b, product)
+            a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
+            if wide:
+                # The partitioning callbacks trace later, with float64 off again:
+                # the bare call instead (XLA gathers sharded operands for it).
+                out = ffi_product(a, b, product, product.out_dtype)
+            else:
+                out = _partitioned_product(a, b, product)
+            return lax.convert_element_type(out, out_aval.dtype)
 
-    out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
+    with _presets.wide_types(run):
+        out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
     # Under explicit axes, keep the sharding that abstract evaluation promised.
     return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
 

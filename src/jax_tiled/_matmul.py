@@ -24,13 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_tiled import _ffi, _sharding
+from jax_tiled import _ffi, _presets, _sharding
 from jax_tiled._primitive import (PRECISION_CODES, SUPPORTED_DTYPES, check_kernel_runs,
                                   tiled_matmul)
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
-# What `precision=` takes: None, a lax.Precision, its string names, or a pair.
+# What `precision=` takes: None, a lax.Precision, its string names, a pair of
+# those, or a lax.DotAlgorithmPreset or its name.
 PrecisionLike = Any
 # What `preferred_element_type=` takes: None or anything np.dtype takes.
 DTypeLike = Any
@@ -50,9 +51,13 @@ def kernels(backend: str | None = None, dtype: DTypeLike = None, out_dtype: DTyp
     that dtype into `out_dtype` (default: the same) at `precision`, which takes
     what `matmul` takes (default None: the product's default, which honours
     `jax.default_matmul_precision`). On CUDA, the tensor-core kernels take float32
-    at DEFAULT (TF32) and HIGH (3xTF32) but not at HIGHEST (true fp32)."""
+    at DEFAULT (TF32) and HIGH (3xTF32) but not at HIGHEST (true fp32). A
+    `lax.DotAlgorithmPreset` lists the kernels of the product it runs as (see
+    `explain`); one the backend refuses raises ValueError naming those it takes."""
     platform = _backend_platform(backend)
     precision = canonical_precision(precision)
+    if _presets.is_preset(precision):
+        _presets.check(platform, precision, "jax_tiled.kernels")
     if platform == "cuda":
         try:
             jax.devices("cuda")
@@ -67,8 +72,10 @@ def kernels(backend: str | None = None, dtype: DTypeLike = None, out_dtype: DTyp
     out_dtype = dtype if out_dtype is None else np.dtype(out_dtype)
     if dtype not in SUPPORTED_DTYPES or out_dtype not in SUPPORTED_DTYPES:
         return []  # no kernel computes it: integer operands are promoted to a float first
+    run = _presets.resolve(platform, precision, dtype, out_dtype, "jax_tiled.kernels")
     return [name for name in names
-            if not _ffi.refusal(platform, name, dtype, out_dtype, precision=precision)]
+            if not _ffi.refusal(platform, name, run.operand_dtype, run.product_dtype,
+                                precision=run.precision)]
 
 
 def _check_kernel(kernel: Any) -> str:
@@ -81,31 +88,53 @@ def _check_kernel(kernel: Any) -> str:
     return kernel
 
 
-def _one_precision(p) -> lax.Precision:
+def _one_precision(p, allow_preset: bool) -> lax.Precision | lax.DotAlgorithmPreset:
     if isinstance(p, lax.Precision):
+        return p
+    if isinstance(p, lax.DotAlgorithmPreset) and allow_preset:
         return p
     if isinstance(p, str):
         try:
             return lax.Precision(p)
         except ValueError:
             pass
+        if allow_preset and p in lax.DotAlgorithmPreset.__members__:
+            return lax.DotAlgorithmPreset[p]
+    if isinstance(p, lax.DotAlgorithm):
+        raise ValueError(
+            f"jax_tiled.matmul: unsupported precision {p!r}: a custom lax.DotAlgorithm; use a "
+            "lax.DotAlgorithmPreset (or its name) or a lax.Precision")
+    pair = "" if allow_preset else " in a pair (a lax.DotAlgorithmPreset stands alone)"
     raise ValueError(
-        f"jax_tiled.matmul: unsupported precision {p!r}; use None, a lax.Precision, one of "
-        "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', or a pair of them")
+        f"jax_tiled.matmul: unsupported precision {p!r}{pair}; use None, a lax.Precision, one of "
+        "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', a pair of them, "
+        "or a lax.DotAlgorithmPreset or its name")
 
 
-def canonical_precision(precision: PrecisionLike) -> lax.Precision:
-    """One lax.Precision for a product, honouring jax.default_matmul_precision.
+def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgorithmPreset:
+    """One lax.Precision or lax.DotAlgorithmPreset for a product, honouring
+    jax.default_matmul_precision (which may name a preset, as for jnp.matmul).
     A per-operand pair takes the more precise of the two, as XLA does."""
     if precision is None:
         precision = jax.config.jax_default_matmul_precision
         if precision is None:
             return lax.Precision.DEFAULT
-    if isinstance(precision, (tuple, list)):
+    if isinstance(precision, (tuple, list)) and not isinstance(precision, lax.DotAlgorithm):
         if len(precision) != 2:
             raise ValueError(f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}")
-        return max((_one_precision(p) for p in precision), key=PRECISION_CODES.__getitem__)
-    return _one_precision(precision)
+        return max((_one_precision(p, allow_preset=False) for p in precision),
+                   key=PRECISION_CODES.__getitem__)
+    return _one_precision(precision, allow_preset=True)
+
+
+def check_precision(precision, api: str, platform: str | None = None):
+    """canonical_precision, and a preset that `platform` (default: the one this
+    is traced for) refuses raises ValueError now, at trace time, naming the
+    presets it takes."""
+    precision = canonical_precision(precision)
+    if _presets.is_preset(precision):
+        _presets.check(platform or _presets.trace_platform(), precision, api)
+    return precision
 
 
 def _check_float(name: str, dtype, api: str = "jax_tiled.matmul") -> np.dtype:
@@ -154,7 +183,7 @@ def _to_batch(x, x_batch, batch_shape, rows, cols):
 class _Plan:
     """What a product becomes besides its canonical operands."""
     out_dtype: np.dtype
-    precision: lax.Precision
+    precision: lax.Precision | lax.DotAlgorithmPreset
     kernel: str
     batch_shape: tuple[int, ...]
     m: int
@@ -163,8 +192,9 @@ class _Plan:
     b_vector: bool
 
 
-def _canonicalize(a, b, precision, preferred_element_type, kernel):
-    """Validates a product once and returns its canonical operands (a3, b3) and plan."""
+def _canonicalize(a, b, precision, preferred_element_type, kernel, platform=None):
+    """Validates a product once (a preset for `platform`, default the one traced
+    for) and returns its canonical operands (a3, b3) and plan."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     check_operand_dtypes(a.dtype, b.dtype, "jax_tiled.matmul")
     if a.ndim == 0 or b.ndim == 0:
@@ -174,7 +204,7 @@ def _canonicalize(a, b, precision, preferred_element_type, kernel):
     dtype = _check_float("the promoted operands", jnp.result_type(a, b))
     out_dtype = dtype if preferred_element_type is None else _check_float(
         "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type))
-    precision = canonical_precision(precision)
+    precision = check_precision(precision, "jax_tiled.matmul", platform)
     kernel = _check_kernel(kernel)
 
     a_vector, b_vector = a.ndim == 1, b.ndim == 1
@@ -222,7 +252,11 @@ def matmul(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike, *,
         `lax.Precision`, one of its string names, or a pair. On CUDA, float32
         products run at DEFAULT on TF32 tensor cores, at HIGH in 3xTF32 split
         arithmetic and at HIGHEST in true fp32; on CPU every setting is exact
-        fp32. Other dtypes are computed the same at every setting.
+        fp32. Other dtypes are computed the same at every setting. Or a
+        `lax.DotAlgorithmPreset` (or its name) that `jnp.matmul` takes on the
+        backend, with its meaning: the operands cast to its input type, its
+        accumulation, the result in the output dtype (`explain` says what
+        runs); one the backend refuses raises ValueError.
       preferred_element_type: output dtype (default: the promoted input dtype).
         Accumulation is float32, or float64 for float64.
       out_sharding: the result's sharding, as `jnp.matmul` takes it (a
@@ -242,8 +276,9 @@ def _array_like(x):
 
 
 def _hashable(x):
-    """Lists as tuples, so that an argument can be a static one of `jit`."""
-    return tuple(map(_hashable, x)) if isinstance(x, (list, tuple)) else x
+    """Lists as tuples, so that an argument can be a static one of `jit`
+    (named tuples, such as a lax.DotAlgorithm, kept as they are)."""
+    return tuple(map(_hashable, x)) if isinstance(x, list) or type(x) is tuple else x
 
 
 def reshard_result(out, out_sharding):
@@ -274,11 +309,15 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
             preferred_element_type: DTypeLike = None, kernel: str = "auto",
             backend: str | None = None) -> str:
     """Which kernel `matmul(a, b, ...)` runs on `backend` (default: jax's
-    default backend), and why. a and b may be arrays or jax.ShapeDtypeStructs."""
+    default backend), and why. a and b may be arrays or jax.ShapeDtypeStructs.
+    For a `lax.DotAlgorithmPreset` it also says what the preset runs as there:
+    the casts and the kernel precision."""
     captured = {}
+    platform = _backend_platform(backend)
 
     def canonical(a, b):
-        a3, b3, captured["plan"] = _canonicalize(a, b, precision, preferred_element_type, kernel)
+        a3, b3, captured["plan"] = _canonicalize(a, b, precision, preferred_element_type, kernel,
+                                                 platform)
         return a3, b3
 
     a3, b3 = jax.eval_shape(canonical, a, b)
@@ -287,12 +326,14 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
     _, m, k = a3.shape
     n = b3.shape[2]
     problem = (a3.shape[0], b3.shape[0], m, n, k, False, False)
-    platform = _backend_platform(backend)
+    run = _presets.resolve(platform, plan.precision, a3.dtype, plan.out_dtype, "jax_tiled.explain")
     head = (f"{platform}: {batch} x ({m} x {k}) @ ({k} x {n}), {a3.dtype.name} -> "
             f"{plan.out_dtype.name}, precision {plan.precision.name}")
+    if _presets.is_preset(plan.precision):
+        head += f" (runs as {run.describe(a3.dtype, plan.out_dtype)})"
     if plan.kernel != "auto":
-        check_kernel_runs(platform, plan.kernel, a3.dtype, plan.out_dtype, problem,
-                          plan.precision)
+        check_kernel_runs(platform, plan.kernel, run.operand_dtype, run.product_dtype, problem,
+                          run.precision)
         return f"{head}: {plan.kernel}: forced by kernel={plan.kernel!r}"
     if platform == "cpu":
         return f"{head}: blocked: the cache-blocked CPU kernel, the only CPU kernel"
@@ -301,7 +342,7 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
         except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
             multiprocessors = 132
-        choice = _ffi.cuda_explain(a3.dtype.name, plan.out_dtype.name, problem, multiprocessors,
-                                   plan.precision)
+        choice = _ffi.cuda_explain(run.operand_dtype.name, run.product_dtype.name, problem,
+                                   multiprocessors, run.precision)
         return f"{head}: {choice}"
     raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

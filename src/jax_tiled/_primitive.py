@@ -10,7 +10,8 @@ Canonical form, all arrays row-major:
 
 A batch of 1 is broadcast by the kernel through a zero batch stride. Params
 (all static): transpose_a, transpose_b (bool), out_dtype (np.dtype),
-precision (lax.Precision), kernel (str: "auto" or a kernel name).
+precision (lax.Precision, or a lax.DotAlgorithmPreset that the lowering
+resolves for its platform through `_presets`), kernel (str: "auto" or a kernel name).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jax_tiled import _ffi, _sharding
+from jax_tiled import _ffi, _presets, _sharding
 from jax_tiled._ffi import PRECISION_CODES
 
 SUPPORTED_DTYPES = tuple(map(np.dtype, (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)))
@@ -67,8 +68,9 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
                             f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
     if a.dtype != b.dtype:
         raise TypeError(f"tiled_matmul: operand dtypes differ: {a.dtype} and {b.dtype}")
-    if precision not in PRECISION_CODES:
-        raise TypeError(f"tiled_matmul: precision must be a lax.Precision, got {precision!r}")
+    if precision not in PRECISION_CODES and not _presets.is_preset(precision):
+        raise TypeError("tiled_matmul: precision must be a lax.Precision or a "
+                        f"lax.DotAlgorithmPreset, got {precision!r}")
     batch, m, n, _ = problem_dims(a.shape, b.shape, transpose_a, transpose_b)
     return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
