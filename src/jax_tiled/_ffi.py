@@ -1,7 +1,7 @@
 """Load the compiled extension modules and register their FFI targets with XLA.
 
 The CPU module is always built; the CUDA module exists only where the package
-was built with nvcc. Each module reports the kernel rungs it carries.
+was built with nvcc. Each module reports the kernels it carries.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def cuda_module_built() -> bool:
 
 
 def kernel_names(platform: str) -> tuple[str, ...]:
-    """Kernel rungs compiled for a lowering platform ('cpu' or 'cuda')."""
+    """Kernels compiled for a lowering platform ('cpu' or 'cuda')."""
     module = _load("cpu" if platform == "cpu" else "CUDA")
     if module is None:
         return ()
@@ -57,7 +57,7 @@ def kernel_names(platform: str) -> tuple[str, ...]:
 # lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).
 PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
 
-# A problem every rung can run, for questions about dtypes alone:
+# A problem every kernel can run, for questions about dtypes alone:
 # (batch_a, batch_b, m, n, k, transpose_a, transpose_b).
 ANY_PROBLEM = (1, 1, 64, 64, 64, False, False)
 
@@ -82,7 +82,7 @@ def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM,
     (ANY_PROBLEM's fields) at this precision (a lax.Precision or its name) on
     `platform`'s first device, or '' if it can."""
     if platform == "cpu" or kernel == "auto":
-        return ""  # the CPU rung and "auto" take every supported problem
+        return ""  # the CPU kernel and "auto" take every supported problem
     code = PRECISION_CODES[lax.Precision(precision)]
     return _load("CUDA").kernel_refusal(kernel, np.dtype(dtype).name, np.dtype(out_dtype).name,
                                         *problem, code, cuda_compute_capability())
