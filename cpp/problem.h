@@ -82,7 +82,7 @@ inline ffi::Unexpected<ffi::Error> Invalid(const std::string& what) {
 inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
     const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
     const ffi::AnyBuffer& out, bool transpose_a, bool transpose_b,
-    int32_t precision, std::string_view kernel) {
+    Precision precision, std::string_view kernel) {
   using detail::Dims;
   using detail::Invalid;
   auto ad = a.dimensions(), bd = b.dimensions(), od = out.dimensions();
@@ -96,9 +96,9 @@ inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
     return Invalid(std::string("operand dtypes differ: ") +
                    DataTypeName(a.element_type()) + " and " +
                    DataTypeName(b.element_type()));
-  if (precision < 0 || precision > 2)
+  if (!PrecisionFromCode(static_cast<int32_t>(precision)))
     return Invalid("precision attribute must be 0, 1 or 2, got " +
-                   std::to_string(precision));
+                   std::to_string(static_cast<int32_t>(precision)));
 
   const int64_t batch = od[0];
   const int64_t m = transpose_a ? ad[2] : ad[1];
@@ -121,9 +121,13 @@ inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
   p.batch = batch;  // the result's: two broadcast operands may still meet an empty batch
   p.in_type = a.element_type();
   p.out_type = out.element_type();
-  p.precision = static_cast<Precision>(precision);
+  p.precision = precision;
   p.kernel = kernel;
   return p;
 }
 
 }  // namespace jax_tiled
+
+// Handlers declare `.Attr<jax_tiled::Precision>("precision")`; the lowering
+// passes an int32 (0 DEFAULT, 1 HIGH, 2 HIGHEST), which MakeMatmulProblem checks.
+XLA_FFI_REGISTER_ENUM_ATTR_DECODING(jax_tiled::Precision);

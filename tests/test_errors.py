@@ -122,7 +122,8 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
 def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0):
     return jax.ffi.ffi_call("tiled_matmul_cpu", jax.ShapeDtypeStruct(out_shape, out_dtype))(
         a, b, transpose_a=np.bool_(False), transpose_b=np.bool_(False),
-        precision=np.int32(precision), kernel=kernel)
+        precision=np.int32(precision) if isinstance(precision, int) else precision,
+        kernel=kernel)
 
 
 @pytest.mark.parametrize("case,pattern", [
@@ -134,7 +135,10 @@ def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precisi
     (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), kernel="smem"),
      "unknown CPU kernel 'smem'"),
     (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), precision=7),
-     "precision"),
+     "precision attribute must be 0, 1 or 2, got 7"),
+    # The FFI decodes the attribute into the handler's enum: an int32 and nothing else.
+    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6),
+          precision=np.int64(1)), "precision|scalar data type"),
     (dict(a=jnp.ones((1, 3, 4), jnp.int32), b=jnp.ones((1, 4, 6), jnp.int32), out_shape=(1, 3, 6)),
      "dtypes must be"),
 ], ids=lambda x: x if isinstance(x, str) else "")

@@ -129,7 +129,7 @@ Dtype ToDtype(ffi::DataType t) {
 
 ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
                      ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                     int32_t precision, std::string_view kernel) {
+                     Precision precision, std::string_view kernel) {
   auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
@@ -187,5 +187,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
         .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
-        .Attr<int32_t>("precision")     // 0 DEFAULT, 1 HIGH, 2 HIGHEST: all exact fp32 here
+        .Attr<jax_tiled::Precision>("precision")  // 0 DEFAULT, 1 HIGH, 2 HIGHEST: all exact fp32 here
         .Attr<std::string_view>("kernel"));  // "auto" or a name from kKernelNames

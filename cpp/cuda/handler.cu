@@ -6,7 +6,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,28 +42,23 @@ ffi::Error CudaError(const char* what, cudaError_t err) {
                               cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
-// The current device's facts, read once per device: a driver query on every
-// call would cost more than a small matmul.
+// The current device's facts; defaults (an H100's) if the driver cannot say.
 DeviceFacts CurrentDevice() {
-  static std::atomic<int> multiprocessors[64], capability[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return {};
-  // multiprocessors is stored last (release): once seen, capability is there too.
-  DeviceFacts facts;
-  facts.multiprocessors = multiprocessors[device].load(std::memory_order_acquire);
-  facts.compute_capability = capability[device].load(std::memory_order_relaxed);
-  if (facts.multiprocessors == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&facts.multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
-            cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-      return {};
-    facts.compute_capability = 10 * major + minor;
-    capability[device].store(facts.compute_capability, std::memory_order_relaxed);
-    multiprocessors[device].store(facts.multiprocessors, std::memory_order_release);
-  }
-  return facts;
+  static PerDevice<DeviceFacts> facts;
+  DeviceFacts current;
+  const cudaError_t err = facts.Get(&current, [](DeviceFacts* f) {
+    int device = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&f->multiprocessors, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    f->compute_capability = 10 * major + minor;
+    return e;
+  });
+  return err == cudaSuccess ? current : DeviceFacts{};
 }
 
 std::optional<Dtype> ParseDtype(std::string_view name) {
@@ -73,16 +67,11 @@ std::optional<Dtype> ParseDtype(std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<Precision> ParsePrecision(int code) {
-  if (code < 0 || code > 2) return std::nullopt;
-  return static_cast<Precision>(code);
-}
-
 // A product of contiguous operands of these shapes, before buffers exist.
 std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dtype,
                                  const ProblemShape& s, int precision) {
   const std::optional<Dtype> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
-  const std::optional<Precision> mode = ParsePrecision(precision);
+  const std::optional<Precision> mode = PrecisionFromCode(precision);
   if (!in_type || !out_type || !mode) return std::nullopt;
   return Product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
                                                   s.transpose_a, s.transpose_b)),
@@ -91,7 +80,7 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
 
 ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
                       ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                      int32_t precision, std::string_view kernel) {
+                      Precision precision, std::string_view kernel) {
   auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
@@ -149,6 +138,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
         .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
-        .Attr<int32_t>("precision")     // 0 DEFAULT (TF32), 1 HIGH (3xTF32), 2 HIGHEST (fp32)
+        .Attr<jax_tiled::Precision>("precision")  // 0 DEFAULT (TF32), 1 HIGH (3xTF32), 2 HIGHEST (fp32)
         .Attr<std::string_view>("kernel"),  // "auto" or a name from KernelNames()
     {xla::ffi::Traits::kCmdBufferCompatible});

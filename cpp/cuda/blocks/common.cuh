@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
 namespace jax_tiled::cuda {
@@ -77,21 +78,50 @@ struct TileOrder {
   }
 };
 
+// A fact about the current device, found once per device and read without a
+// lock afterwards: a driver query on every launch would cost more than a small
+// matmul. `find(T*)` returns a cudaError_t; a failure is returned and retried
+// on the next call, never cached.
+template <class T>
+class PerDevice {
+ public:
+  template <class Find>
+  cudaError_t Get(T* value, Find&& find) {
+    int device = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (device < 0 || device >= kMaxDevices) return find(value);
+    Slot& slot = slots_[device];
+    if (!slot.ready.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!slot.ready.load(std::memory_order_relaxed)) {
+        if (cudaError_t err = find(&slot.value); err != cudaSuccess) return err;
+        slot.ready.store(true, std::memory_order_release);
+      }
+    }
+    *value = slot.value;
+    return cudaSuccess;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  struct Slot {
+    std::atomic<bool> ready{false};
+    T value{};
+  };
+  Slot slots_[kMaxDevices];
+  std::mutex mutex_;
+};
+
 // Lets kKernel launch with `bytes` of dynamic shared memory (the same bytes
-// on every call). Past 48 KB that needs an opt-in per kernel and per device;
-// it is made once per device, since a driver call on every launch would cost
-// more than a small matmul.
+// on every call). Past 48 KB that needs an opt-in per kernel and per device.
 template <auto kKernel>
 cudaError_t AllowSharedMemory(int bytes) {
-  static std::atomic<bool> allowed[64];
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  const bool cached = device >= 0 && device < 64;
-  if (cached && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess && cached) allowed[device].store(true, std::memory_order_release);
-  return err;
+  static PerDevice<bool> allowed;
+  bool done = false;
+  return allowed.Get(&done, [&](bool* ok) {
+    *ok = true;
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
 }
 
 }  // namespace jax_tiled::cuda

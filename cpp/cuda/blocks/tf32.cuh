@@ -51,10 +51,13 @@ __device__ __forceinline__ uint32_t RoundToTf32(float x) {
 // truncated, x - hi is exact and below one TF32 step of x, and lo rounds it
 // (it cannot overflow). Where that gives lo = 0 (x a TF32 value) or NaN (x
 // infinite), lo is FLT_MIN with x's sign instead; 0 splits into 0 + 0 and
-// NaN into NaN + FLT_MIN. Integer tests and one select, no branches.
+// NaN into NaN + FLT_MIN. A NaN's hi is made quiet rather than truncated,
+// since a NaN whose payload lies in the low 13 bits alone truncates to inf.
+// Integer tests and selects, no branches.
 __device__ __forceinline__ void SplitTf32(float x, uint32_t& hi, uint32_t& lo) {
   const uint32_t bits = __float_as_uint(x);
-  hi = bits & 0xffffe000u;
+  const bool nan_x = (bits << 1) > (0x7f800000u << 1);
+  hi = nan_x ? bits | 0x00400000u : bits & 0xffffe000u;
   const uint32_t rounded = CvtRnaTf32(x - __uint_as_float(hi));
   // rounded << 1 drops the sign: 0 for a zero lo, above inf's for a NaN one;
   // minus one wraps zero to the top, so one unsigned compare catches both.
