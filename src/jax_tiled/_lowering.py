@@ -3,6 +3,9 @@
 For each platform whose extension module loaded (`cpu` always, `cuda` where the
 package was built with nvcc), the lowering rule
 
+0. reads an operand that is a transpose of its last two axes (`a @ b.T`) as
+   stored, through the kernel's transpose flag, instead of copying it first
+   (`_read_as_stored`; on the platforms in READS_TRANSPOSES);
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
@@ -27,6 +30,8 @@ import jax
 import numpy as np
 from jax import lax
 from jax.interpreters import mlir
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from jax_tiled import _compat, _ffi, _presets, _sharding
 from jax_tiled._primitive import PRECISION_CODES, check_kernel_runs, problem_dims, tiled_matmul_p
@@ -57,8 +62,76 @@ def ffi_product(a, b, product: Product, out_dtype):
 
 _partitioned_product = _sharding.partitioned(ffi_product)
 
+# Platforms on which an operand's transpose is folded into the kernel's flag.
+# On CPU the packed kernel reads every layout at nearly one speed, and the
+# copy that XLA would otherwise make costs a pass over the operand (5-10% of a
+# 1024^3 product, tests/test_layouts.py). CUDA waits for a measurement: there
+# the wgmma kernel reads an MN-major A tile more slowly than a K-major one, and
+# float32's a.T @ b layout leaves wgmma for mma.
+READS_TRANSPOSES = {"cpu": True, "cuda": False}
+
+
+def _defining_op(value):
+    """The operation that produced `value`, or None for a block argument."""
+    return getattr(value.owner, "operation", None)
+
+
+def _static_shape(value) -> list[int] | None:
+    shape = ir.RankedTensorType(value.type).shape
+    return None if any(ir.ShapedType.is_dynamic_size(d) for d in shape) else shape
+
+
+def _swapped_source(value):
+    """If `value` (B, Y, X) is an array (..., X, Y) with its last two axes
+    swapped (a transpose, maybe behind a reshape that only merges or adds
+    leading axes, as `matmul` reaches the canonical form), that array; else None."""
+    shape = _static_shape(value)
+    op = _defining_op(value)
+    if shape is None or op is None:
+        return None
+    if op.name == "stablehlo.reshape":
+        inner = op.operands[0]
+        inner_shape = _static_shape(inner)
+        if inner_shape is None or len(inner_shape) < 2 or inner_shape[-2:] != shape[-2:]:
+            return None
+        op = _defining_op(inner)
+        if op is None:
+            return None
+    if op.name != "stablehlo.transpose":
+        return None
+    rank = len(ir.RankedTensorType(op.operands[0].type).shape)
+    swap_last = list(range(rank - 2)) + [rank - 1, rank - 2]
+    if list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) != swap_last:
+        return None
+    return op.operands[0]
+
+
+def _unsharded(aval) -> bool:
+    spec = getattr(getattr(aval, "sharding", None), "spec", ())
+    return all(axis is None for axis in spec)
+
+
+def _read_as_stored(value, aval, transposed: bool):
+    """(value, aval, transposed) for a canonical operand, with a transpose of its
+    last two axes folded into the flag: the untransposed array, reshaped to
+    three axes (free: the leading axes only merge), and the flag flipped. Left
+    alone: dynamic shapes, and operands whose type carries explicit sharding."""
+    source = _swapped_source(value)
+    if source is None or not _unsharded(aval):
+        return value, aval, transposed
+    batch, rows, cols = _static_shape(value)
+    folded_type = ir.RankedTensorType.get([batch, cols, rows],
+                                          ir.RankedTensorType(value.type).element_type)
+    if source.type != folded_type:
+        source = stablehlo.reshape(folded_type, source)
+    return source, aval.update(shape=(batch, cols, rows)), not transposed
+
 
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
+    if READS_TRANSPOSES[platform]:
+        a, a_aval, transpose_a = _read_as_stored(a, ctx.avals_in[0], transpose_a)
+        b, b_aval, transpose_b = _read_as_stored(b, ctx.avals_in[1], transpose_b)
+        ctx = ctx.replace(avals_in=[a_aval, b_aval])
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
         raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
@@ -101,11 +174,13 @@ def register(primitive) -> None:
     # custom_partitioning's lowering needs the device assignment, which jit only
     # hands to lowering rules of primitives that declare they need it.
     _compat.require_devices_during_lowering(primitive)
+    # Not cacheable: a cached lowering sees its operands as arguments of a
+    # function of its own, so _read_as_stored could not see their producers.
     mlir.register_lowering(primitive, functools.partial(_lowering, platform="cpu"),
-                           platform="cpu")
+                           platform="cpu", cacheable=False)
     if _ffi.cuda_module_built():
         mlir.register_lowering(primitive, functools.partial(_lowering, platform="cuda"),
-                               platform="cuda")
+                               platform="cuda", cacheable=False)
 
 
 register(tiled_matmul_p)

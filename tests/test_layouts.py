@@ -1,0 +1,123 @@
+"""Transposed operands are read as stored: `a @ b.T`, `a.T @ b` and their batched
+forms run the kernel with its transpose flags instead of copying the operand
+first (on CPU; `_lowering.READS_TRANSPOSES`), with the same values."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tiled
+
+from helpers import HIGHEST, assert_matmul_close, random_array
+
+_FLAGS = re.compile(r"transpose_a = (true|false), transpose_b = (true|false)")
+
+
+def _compiled_cpu(f, *args) -> str:
+    with jax.default_device(jax.devices("cpu")[0]):
+        return jax.jit(f).lower(*args).compile().as_text()
+
+
+def _flags(hlo: str) -> list[tuple[bool, bool]]:
+    return [(a == "true", b == "true") for a, b in _FLAGS.findall(hlo)]
+
+
+def _mm(a, b):
+    return jax_tiled.matmul(a, b, precision=HIGHEST)
+
+
+# (name, stored shapes, the function, op(a) and op(b) from the stored arrays,
+#  the flags the kernel should get)
+CASES = [
+    ("a @ b.T", ((33, 70), (45, 70)), lambda a, b: _mm(a, b.T),
+     lambda a, b: (a, b.T), (False, True)),
+    ("a.T @ b", ((70, 33), (70, 45)), lambda a, b: _mm(a.T, b),
+     lambda a, b: (a.T, b), (True, False)),
+    ("a.T @ b.T", ((70, 33), (45, 70)), lambda a, b: _mm(a.T, b.T),
+     lambda a, b: (a.T, b.T), (True, True)),
+    ("batched x @ w.mT", ((3, 33, 70), (3, 45, 70)), lambda a, b: _mm(a, b.mT),
+     lambda a, b: (a, np.swapaxes(b, -1, -2)), (False, True)),
+    ("4-d batch a.mT @ b", ((2, 3, 70, 33), (2, 3, 70, 45)), lambda a, b: _mm(a.mT, b),
+     lambda a, b: (np.swapaxes(a, -1, -2), b), (True, False)),
+    ("batch broadcast x @ w.T", ((4, 33, 70), (45, 70)), lambda a, b: _mm(a, b.T),
+     lambda a, b: (a, b.T), (False, True)),
+    ("vector @ w.T", ((70,), (45, 70)), lambda a, b: _mm(a, b.T),
+     lambda a, b: (a[None], b.T), (False, True)),
+]
+
+
+@pytest.mark.parametrize("name,shapes,f,ops,flags", CASES, ids=[c[0] for c in CASES])
+def test_transposes_become_flags_not_copies(rng, name, shapes, f, ops, flags):
+    a, b = (random_array(rng, s, np.float32) for s in shapes)
+    hlo = _compiled_cpu(f, a, b)
+    assert _flags(hlo) == [flags], hlo
+    assert not re.search(r"\b(transpose|copy)\(", hlo), hlo
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = np.asarray(jax.jit(f)(a, b))
+    a_op, b_op = ops(a, b)
+    expected_shape = np.matmul(a_op, b_op).shape
+    out = out.reshape(expected_shape) if name.startswith("vector") else out
+    assert_matmul_close(out, a_op, b_op, platform="cpu", precision="highest")
+
+
+def test_other_permutations_are_copied(rng):
+    """Only a swap of the last two axes is a layout the kernel reads."""
+    a = random_array(rng, (33, 3, 70), np.float32)   # stored (m, batch, k)
+    b = random_array(rng, (3, 70, 45), np.float32)
+
+    def f(a, b):
+        return _mm(jnp.transpose(a, (1, 0, 2)), b)
+
+    assert _flags(_compiled_cpu(f, a, b)) == [(False, False)]
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = np.asarray(jax.jit(f)(a, b))
+    assert_matmul_close(out, np.transpose(a, (1, 0, 2)), b, platform="cpu", precision="highest")
+
+
+def test_a_transpose_used_elsewhere_is_still_computed(rng):
+    a = random_array(rng, (33, 70), np.float32)
+    b = random_array(rng, (45, 70), np.float32)
+
+    def f(a, b):
+        bt = b.T
+        return _mm(a, bt), bt * 2.0
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        out, twice = jax.jit(f)(a, b)
+    np.testing.assert_array_equal(np.asarray(twice), b.T * 2.0)
+    assert_matmul_close(np.asarray(out), a, b.T, platform="cpu", precision="highest")
+
+
+def test_gradients_and_vmap_through_a_folded_transpose(rng):
+    x = random_array(rng, (5, 33, 70), np.float32)
+    w = random_array(rng, (45, 70), np.float32)
+
+    def loss(x, w):
+        return jnp.sum(jnp.tanh(jax.vmap(lambda xi: _mm(xi, w.T))(x)))
+
+    def loss_ref(x, w):
+        return jnp.sum(jnp.tanh(jnp.matmul(x, w.T, precision=HIGHEST)))
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+        want = jax.jit(jax.value_and_grad(loss_ref, argnums=(0, 1)))(x, w)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-5, atol=2e-5)
+
+
+def test_symbolic_shapes_keep_the_copy_and_export(rng):
+    """A dynamic shape is not folded (its reshape would need the shape at run time)."""
+    b = random_array(rng, (45, 70), np.float32)
+    spec = jax.export.symbolic_shape("n, 70")
+    exported = jax.export.export(jax.jit(lambda a, b: _mm(a, b.T)), platforms=["cpu"],
+                                 disabled_checks=jax_tiled.export_disabled_checks())(
+        jax.ShapeDtypeStruct(spec, np.float32), jax.ShapeDtypeStruct(b.shape, np.float32))
+    a = random_array(rng, (9, 70), np.float32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = np.asarray(exported.call(a, b))
+    assert_matmul_close(out, a, b.T, platform="cpu", precision="highest")
