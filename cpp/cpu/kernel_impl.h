@@ -103,6 +103,7 @@ template <class Acc, int VectorBytes, int MR, int NRVectors, int RowStep, int64_
           int64_t L2BlockBytes>
 struct Config {
   using acc_type = Acc;
+  static constexpr int kVectorBytes = VectorBytes;
   static constexpr int kLanes = VectorBytes / static_cast<int>(sizeof(Acc));
   static constexpr int kMr = MR, kVectors = NRVectors, kNr = NRVectors * kLanes;
   static constexpr int kRowStep = RowStep;
@@ -188,10 +189,6 @@ __attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t
 
 // ---- Packing ------------------------------------------------------------------------
 
-// Packs rows [0, rows) x depth [0, depth) of a strided matrix x (element (r, p)
-// at x[r * row_stride + p * depth_stride]) into panels of W rows, each stored
-// depth-major: dst[(r / W) * depth * W + p * W + r % W]. Rows past `rows` up
-// to the next multiple of W are zero, so edge micro-tiles need no masking.
 // GCC would turn the W-wide copies into a memcpy call per depth step, a call
 // per 48-128 bytes: keep them inline vector moves.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -200,9 +197,72 @@ __attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t
 #define JAX_TILED_NO_MEMCPY_CALLS
 #endif
 
-template <int W, class Acc, class In>
+// The 8 x 8 block src[r * stride + q] (r, q < 8) written transposed to
+// dst[q * dst_stride + r]: eight vector loads, three rounds of shuffles that
+// swap the off-diagonal 4 x 4, 2 x 2 and 1 x 1 blocks between pairs of rows,
+// eight vector stores. A scalar transpose costs a load and a store an element.
+#if defined(__clang__)
+#define JAX_TILED_SHUFFLE(Mask, x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+#define JAX_TILED_SHUFFLE(Mask, x, y, ...) __builtin_shuffle(x, y, Mask{__VA_ARGS__})
+#endif
+
+template <class T>
+inline void Transpose8x8(const T* src, int64_t stride, T* __restrict dst, int64_t dst_stride) {
+  typedef T V __attribute__((vector_size(8 * sizeof(T)), aligned(sizeof(T))));
+  using Index = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  typedef Index Mask __attribute__((vector_size(8 * sizeof(T))));
+  V v[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) v[i] = *reinterpret_cast<const V*>(src + i * stride);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    if ((i & 4) == 0) {
+      const V x = v[i], y = v[i + 4];
+      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 1, 2, 3, 8, 9, 10, 11);
+      v[i + 4] = JAX_TILED_SHUFFLE(Mask, x, y, 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    if ((i & 2) == 0) {
+      const V x = v[i], y = v[i + 2];
+      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 1, 8, 9, 4, 5, 12, 13);
+      v[i + 2] = JAX_TILED_SHUFFLE(Mask, x, y, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    if ((i & 1) == 0) {
+      const V x = v[i], y = v[i + 1];
+      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 8, 2, 10, 4, 12, 6, 14);
+      v[i + 1] = JAX_TILED_SHUFFLE(Mask, x, y, 1, 9, 3, 11, 5, 13, 7, 15);
+    }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) *reinterpret_cast<V*>(dst + i * dst_stride) = v[i];
+}
+#undef JAX_TILED_SHUFFLE
+
+// Packs rows [0, rows) x depth [0, depth) of a strided matrix x (element (r, p)
+// at x[r * row_stride + p * depth_stride]) into panels of W rows, each stored
+// depth-major: dst[(r / W) * depth * W + p * W + r % W]. Rows past `rows` up
+// to the next multiple of W are zero, so edge micro-tiles need no masking.
+// VectorBytes is the instruction set's vector width: transposes go through
+// Transpose8x8 where eight elements fill at most one vector.
+// GCC would turn the W-wide copies into a memcpy call per depth step, a call
+// per 48-128 bytes: keep them inline vector moves.
+#if defined(__GNUC__) && !defined(__clang__)
+#define JAX_TILED_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define JAX_TILED_NO_MEMCPY_CALLS
+#endif
+
+template <int W, int VectorBytes, class Acc, class In>
 JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
                 int64_t depth, Acc* __restrict dst) {
+  // Whether transposes go eight rows at a time. A panel whose width is not a
+  // multiple of 8 ends with a block that overlaps the one before it (12 rows:
+  // rows 0-7, then 4-11), rewriting a few elements rather than going scalar.
+  constexpr bool kVectorTranspose =
+      std::is_same_v<In, Acc> && 8 * sizeof(Acc) <= VectorBytes && W >= 8;
   for (int64_t r0 = 0; r0 < rows; r0 += W) {
     Acc* __restrict panel = dst + r0 * depth;
     const In* src = x + r0 * row_stride;
@@ -216,10 +276,22 @@ JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64
         for (int r = 0; r < W; ++r) panel[p * W + r] = Load<Acc>(s[r]);
       }
     } else if (live == W && depth_stride == 1) {
-      // A transpose, in blocks of 8 depth steps: each source row is read 8
-      // contiguous elements at a time while its line is in L1, and the block's
-      // writes land in 8 * W consecutive elements of the panel.
+      // A transpose, in blocks of depth steps: each source row is read a block
+      // at a time while its line is in L1, and the block's writes land in
+      // consecutive elements of the panel. The vector path takes 16 steps (a
+      // whole 64-byte line of float32) per 8 rows before moving on: rows of a
+      // large matrix often share an L1 set, and 12 of them evict each other.
       int64_t p = 0;
+      if constexpr (kVectorTranspose) {
+        constexpr int kDepthBlock = 64 / sizeof(Acc) >= 16 ? 16 : 8;
+        for (; p + kDepthBlock <= depth; p += kDepthBlock)
+#pragma GCC unroll 4
+          for (int r = 0; r < W; r += 8)
+#pragma GCC unroll 2
+            for (int q = 0; q < kDepthBlock; q += 8)
+              Transpose8x8(reinterpret_cast<const Acc*>(src) + Min(r, W - 8) * row_stride + p + q,
+                           row_stride, panel + (p + q) * W + Min(r, W - 8), W);
+      }
       for (; p + 8 <= depth; p += 8) {
 #pragma GCC unroll 32
         for (int r = 0; r < W; ++r)
@@ -283,10 +355,10 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
   for (int64_t k0 = 0; k0 < op.k; k0 += KC) {
     const int64_t kc = Min(KC, op.k - k0);
     const bool accumulate = k0 > 0;
-    PackPanels<MR>(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, kc, apack);
+    PackPanels<MR, C::kVectorBytes>(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, kc, apack);
     for (int64_t j0 = 0; j0 < t.cols; j0 += NC) {
       const int64_t nc = Min(NC, t.cols - j0);
-      PackPanels<NR>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, kc, bpack);
+      PackPanels<NR, C::kVectorBytes>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, kc, bpack);
       for (int64_t i = 0; i < t.rows; i += MR) {
         const int64_t live_rows = Min<int64_t>(MR, t.rows - i);
         for (int64_t j = 0; j < nc; j += NR) {
