@@ -33,6 +33,22 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert all(row.get("error") is None for row in result["rows"])
 
 
+def test_text_table_has_every_column_on_every_row(capsys):
+    """A row without a bandwidth figure (not skinny) still fills that cell, so
+    splitting a line on whitespace gives each column where the header has it."""
+    assert cli.main(["--shapes", "96x64x80,160^3", "--repeats", "5", "--no-progress",
+                     "--no-check", "--dtype", "float32", "--precision", "highest"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("shape"))
+    columns = lines[head].replace("x peer", "x_peer").split()
+    body = [line.split() for line in lines[head + 2:] if line.startswith(("96x64x80", "160^3"))]
+    assert {row[0] for row in body} == {"96x64x80", "160^3"}
+    for row in body:
+        assert len(row) == len(columns), row
+        ratio = row[columns.index("x_peer")]
+        assert ratio == "peer" or float(ratio) > 0, row
+
+
 def run_tiny_step(tmp_path) -> tuple[int, dict, dict]:
     """The exit status, the JSON document, and its rows by kernel."""
     out = tmp_path / "step.json"

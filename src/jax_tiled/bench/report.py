@@ -85,7 +85,7 @@ def _fmt(value, spec: str) -> str:
 
 def _gbps_text(row: Row, hbm: float | None) -> str:
     if row.gbps is None:
-        return ""
+        return "-"  # never empty: a blank cell shifts the columns of a whitespace split
     text = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2f}"
     return text + (f" ({100 * row.gbps / hbm:.0f}% HBM)" if hbm else "")
 
