@@ -207,6 +207,27 @@ __attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t
 #define JAX_TILED_SHUFFLE(Mask, x, y, ...) __builtin_shuffle(x, y, Mask{__VA_ARGS__})
 #endif
 
+// One round: between rows i and i + S (i without bit S), element j of row i
+// with bit S set trades places with element j - S of row i + S. Shuffle
+// indices count x's elements 0-7, then y's 8-15.
+template <int S, int J> inline constexpr int kStaysLow = (J & S) ? 8 + J - S : J;
+template <int S, int J> inline constexpr int kGoesHigh = (J & S) ? 8 + J : J + S;
+
+template <int S, class Mask, class V>
+inline void SwapOffDiagonalBlocks(V (&v)[8]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    if ((i & S) == 0) {
+      const V x = v[i], y = v[i + S];
+      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, kStaysLow<S, 0>, kStaysLow<S, 1>, kStaysLow<S, 2>,
+                               kStaysLow<S, 3>, kStaysLow<S, 4>, kStaysLow<S, 5>,
+                               kStaysLow<S, 6>, kStaysLow<S, 7>);
+      v[i + S] = JAX_TILED_SHUFFLE(Mask, x, y, kGoesHigh<S, 0>, kGoesHigh<S, 1>, kGoesHigh<S, 2>,
+                                   kGoesHigh<S, 3>, kGoesHigh<S, 4>, kGoesHigh<S, 5>,
+                                   kGoesHigh<S, 6>, kGoesHigh<S, 7>);
+    }
+}
+
 template <class T>
 inline void Transpose8x8(const T* src, int64_t stride, T* __restrict dst, int64_t dst_stride) {
   typedef T V __attribute__((vector_size(8 * sizeof(T)), aligned(sizeof(T))));
@@ -215,27 +236,9 @@ inline void Transpose8x8(const T* src, int64_t stride, T* __restrict dst, int64_
   V v[8];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) v[i] = *reinterpret_cast<const V*>(src + i * stride);
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    if ((i & 4) == 0) {
-      const V x = v[i], y = v[i + 4];
-      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 1, 2, 3, 8, 9, 10, 11);
-      v[i + 4] = JAX_TILED_SHUFFLE(Mask, x, y, 4, 5, 6, 7, 12, 13, 14, 15);
-    }
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    if ((i & 2) == 0) {
-      const V x = v[i], y = v[i + 2];
-      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 1, 8, 9, 4, 5, 12, 13);
-      v[i + 2] = JAX_TILED_SHUFFLE(Mask, x, y, 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    if ((i & 1) == 0) {
-      const V x = v[i], y = v[i + 1];
-      v[i] = JAX_TILED_SHUFFLE(Mask, x, y, 0, 8, 2, 10, 4, 12, 6, 14);
-      v[i + 1] = JAX_TILED_SHUFFLE(Mask, x, y, 1, 9, 3, 11, 5, 13, 7, 15);
-    }
+  SwapOffDiagonalBlocks<4, Mask>(v);
+  SwapOffDiagonalBlocks<2, Mask>(v);
+  SwapOffDiagonalBlocks<1, Mask>(v);
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) *reinterpret_cast<V*>(dst + i * dst_stride) = v[i];
 }
