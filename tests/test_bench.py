@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_tiled
-from jax_tiled.bench import cli, harness, train_step
+from jax_tiled.bench import chains, cli, harness, train_step
 
 from helpers import count_equations
 
@@ -110,6 +110,64 @@ def test_train_step_runs_the_products_it_counts(kernel, product):
     operands = (jnp.ones((width, width)), jnp.ones((width, width)), jnp.ones((tokens, width)))
     jaxpr = jax.make_jaxpr(train_step.train_step_fn("default", kernel))(*operands)
     assert count_equations(jaxpr, product) == len(train_step.train_step_products(width, tokens))
+
+
+TINY_CHAIN = ["--chain", "--sizes", "16,24", "--chain-length", "3", "--dtype", "float32",
+              "--repeats", "5", "--no-progress"]
+
+
+def run_tiny_chain(tmp_path) -> tuple[int, dict]:
+    out = tmp_path / "chain.json"
+    status = cli.main([*TINY_CHAIN, "--json", str(out)])
+    return status, json.loads(out.read_text())
+
+
+def test_chains_time_ours_against_the_peer_per_product(tmp_path, capsys):
+    status, result = run_tiny_chain(tmp_path)
+    assert status == 0
+    assert result["chains"]["length"] == 3 and result["chains"]["sizes"] == [16, 24]
+    rows = {(r["form"], r["size"], r["kernel"]): r for r in result["rows"]}
+    assert set(rows) == {(form, size, kernel) for form in chains.FORMS for size in (16, 24)
+                         for kernel in ("jnp.matmul", "auto")}
+    for (form, size, kernel), row in rows.items():
+        assert row["error"] is None and row["us_per_product"] > 0
+        assert row["us_per_product"] == pytest.approx(row["ms"] * 1e3 / 3)
+        if kernel == "auto":
+            assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+            assert row["diff"] <= row["tolerance"]
+    printed = capsys.readouterr().out
+    assert "3 dependent products" in printed
+    assert sum(line.split()[:1] == ["unrolled"] for line in printed.splitlines()) == 4
+
+
+def test_chains_fail_when_our_products_are_wrong(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(jax_tiled, "matmul", WRONG_PRODUCTS["forward"](jax_tiled.matmul))
+    status, result = run_tiny_chain(tmp_path)
+    assert status == 1
+    ours = [r for r in result["rows"] if r["kernel"] == "auto"]
+    assert ours and all(r["error"].startswith("disagrees with the peer") for r in ours)
+    assert all(r["ratio"] is None for r in ours)
+    assert "chain FAILED with auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", chains.FORMS)
+@pytest.mark.parametrize("kernel, product", [("jnp.matmul", "dot_general"),
+                                             ("auto", "tiled_matmul")])
+def test_chains_run_the_products_they_count(form, kernel, product):
+    length, size = 5, 8
+    jaxpr = jax.make_jaxpr(chains.chain_fn(form, length, "default", kernel))(
+        jnp.ones((size, size)), jnp.ones((length, size, size)))
+    # A scan's body holds its one product; unrolled, each layer has its own.
+    assert count_equations(jaxpr, product) == (1 if form == "scan" else length)
+    assert count_equations(jaxpr, "scan") == (form == "scan")
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "64"], ["--chain-length", "8"],
+                                  ["--chain", "--train-step"], ["--chain", "--shapes", "64^3"],
+                                  ["--chain", "--sizes", "0"], ["--chain", "--sizes", "x"]])
+def test_chain_arguments_are_checked(argv):
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
 
 
 def test_float32_rows_run_every_precision():

@@ -8,11 +8,14 @@ import sys
 import jax
 
 import jax_tiled.bench as package
+from jax_tiled.bench.chains import (CHAIN_DTYPES, CHAIN_LENGTH, CHAIN_SIZES, describe_chains,
+                                    run_chains)
 from jax_tiled.bench.harness import DTYPES, PRECISIONS
 from jax_tiled.bench.plot import pyplot, write_plot
 from jax_tiled.bench.products import run_all
-from jax_tiled.bench.report import (device_info, device_label, format_geomeans, format_step_table,
-                                    format_table, geomeans, hbm_gbps, heading, write_json)
+from jax_tiled.bench.report import (device_info, device_label, format_chain_table,
+                                    format_geomeans, format_step_table, format_table, geomeans,
+                                    hbm_gbps, heading, write_json)
 from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
 from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
 from jax_tiled.bench.train_step import (TRAIN_WIDTH, describe_train_step, run_train_steps,
@@ -62,16 +65,39 @@ def parse_args(argv):
                         f"{TRAIN_WIDTH['cpu']} on CPU)")
     p.add_argument("--tokens", "--batch-rows", type=int, metavar="T",
                    help="--train-step: rows of x, i.e. batch x sequence (default: the width)")
+    p.add_argument("--chain", action="store_true",
+                   help="time chains of small dependent products, x = tanh(x @ w[i]), in "
+                        "lax.scan and unrolled, per product, instead of single products "
+                        "(default dtypes bfloat16 and float32, precision default)")
+    p.add_argument("--sizes", action="append", metavar="N",
+                   help=f"--chain: the products' size(s), N x N x N (default "
+                        f"{','.join(map(str, CHAIN_SIZES['gpu']))}; "
+                        f"{','.join(map(str, CHAIN_SIZES['cpu']))} on CPU)")
+    p.add_argument("--chain-length", type=int, default=CHAIN_LENGTH, metavar="L",
+                   help=f"--chain: products per chain (default {CHAIN_LENGTH})")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.train_step and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
-        p.error("--train-step times the MLP step only: --shapes, --cpu-suite, --plot and "
+    if args.train_step and args.chain:
+        p.error("--train-step and --chain are separate runs")
+    mode = "--train-step" if args.train_step else "--chain" if args.chain else None
+    if mode and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
+        p.error(f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
                 "--list-shapes do not apply")
     if not args.train_step and (args.width or args.tokens):
         p.error("--width and --tokens go with --train-step")
     if any(v is not None and v < 1 for v in (args.width, args.tokens)):
         p.error("--width and --tokens must be positive")
-    args.dtype = _split(args.dtype) or (["bfloat16"] if args.train_step else ["float32"])
+    if not args.chain and (args.sizes or args.chain_length != CHAIN_LENGTH):
+        p.error("--sizes and --chain-length go with --chain")
+    try:
+        args.sizes = [int(v) for v in _split(args.sizes)] if args.sizes else None
+    except ValueError:
+        p.error(f"--sizes takes whole numbers, got {args.sizes}")
+    if args.chain_length < 1 or any(v < 1 for v in args.sizes or []):
+        p.error("--sizes and --chain-length must be positive")
+    default_dtypes = (["bfloat16"] if args.train_step else list(CHAIN_DTYPES) if args.chain
+                      else ["float32"])
+    args.dtype = _split(args.dtype) or default_dtypes
     args.precision = _split(args.precision)
     args.kernels = _split(args.kernels)
     args.shapes = _split(args.shapes)
@@ -127,6 +153,8 @@ def main(argv=None) -> int:
     info = device_info()
     if args.train_step:
         return train_step_main(parser, args, on_cpu, budget, info)
+    if args.chain:
+        return chain_main(parser, args, on_cpu, budget, info)
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     args.shapes = args.shapes or default_shapes(args, on_cpu)
     print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
@@ -172,8 +200,34 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
             "flops_per_step": train_step_flops(args.width, args.tokens),
             "model": describe_train_step(args.width, args.tokens)})
         print(f"wrote {args.json}", file=sys.stderr)
+    return _report_failures(rows, "training step")
+
+
+def _report_failures(rows, what: str) -> int:
     failed = [row for row in rows if row.error]
     for row in failed:
-        print(f"bench: training step FAILED with {row.kernel} ({row.dtype}, {row.precision}): "
+        print(f"bench: {what} FAILED with {row.kernel} ({row.dtype}, {row.precision}): "
               f"{row.error}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
+    """--chain: exit status 1 when any chain failed or disagreed with the peer's."""
+    import jax_tiled
+
+    kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
+    args.sizes = args.sizes or list(CHAIN_SIZES["cpu" if on_cpu else "gpu"])
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+          f"chains of {args.chain_length} products, sizes {args.sizes} x {args.dtype}; "
+          f"median of {args.repeats}", file=sys.stderr)
+
+    rows = run_chains(args, kernels, budget)
+    print(heading(info))
+    print(describe_chains(args.chain_length))
+    print(format_chain_table(rows))
+    if args.json:
+        write_json(args.json, info, args, rows, chains={
+            "length": args.chain_length, "sizes": args.sizes,
+            "model": describe_chains(args.chain_length)})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return _report_failures(rows, "chain")

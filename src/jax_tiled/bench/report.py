@@ -16,6 +16,7 @@ import jax
 from jax_tiled.bench.harness import PEER_PRECISION
 
 if TYPE_CHECKING:
+    from jax_tiled.bench.chains import ChainRow
     from jax_tiled.bench.products import Row
     from jax_tiled.bench.train_step import StepRow
 
@@ -123,6 +124,21 @@ def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), _gbps_text(row, hbm),
                    ratio, _fmt(row.rel_error, ".1e"))
+
+
+def format_chain_table(rows: list[ChainRow]) -> str:
+    head = ("form", "size", "dtype", "precision", "kernel", "sets", "us/product", "TFLOP/s",
+            "x peer", "diff", "tol")
+    return _text_table(head, rows, _chain_cells, left=5)
+
+
+def _chain_cells(row: ChainRow) -> tuple[str, ...]:
+    lead = (row.form, str(row.size), row.dtype, row.precision, row.kernel, str(row.sets))
+    if row.error:
+        return lead + ("",) * 5
+    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
+    return lead + (_fmt(row.us_per_product, ".2f"), _fmt(row.tflops, ".3f"), ratio,
+                   _fmt(row.diff, ".1e"), _fmt(row.tolerance, ".0e"))
 
 
 def format_step_table(rows: list[StepRow]) -> str:
