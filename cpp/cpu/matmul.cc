@@ -50,15 +50,16 @@ void* ThreadScratch(size_t bytes) {
 
 // ---- Parallel loop over the XLA intra-op thread pool --------------------------------
 
-// Runs body(i) for i in [0, n). The calling thread takes work too, and only
+// Runs body(i) for i in [0, n) on at most `workers` threads (the pool's
+// size or fewer). The calling thread takes work too, and only
 // waits for items already running on other threads, so it cannot deadlock if
 // the pool's threads are all busy (the caller may itself be one of them).
 // Late tasks find no work and touch only the shared counters, never `body`.
 template <class Body>
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, const Body& body) {
+void ParallelFor(ffi::ThreadPool& pool, int64_t workers, int64_t n, const Body& body) {
   // The caller is one of the workers: asking the pool for all of its threads
   // as well would put more workers than cores on the tiles.
-  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, n - 1);
+  const int64_t helpers = std::min<int64_t>(workers - 1, n - 1);
   if (helpers <= 0) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
@@ -92,6 +93,23 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, const Body& body) {
 // further only until every thread of the pool has one, the longer side first
 // (ties split rows: packing B is a plain copy, packing A a transpose).
 constexpr int64_t kMaxTile = 1024;
+
+// Threads worth waking for a product: each must get at least this many
+// multiply-adds (half as many in float64, whose vectors hold half the lanes),
+// about 100 microseconds of a core's work. Waking a pool thread costs tens
+// of microseconds, and inside a lax.scan it is paid on every step: on the
+// 2-core machine (python -m jax_tiled.bench --chain) 64^3 float32 products ran
+// in 24-26 us on two threads and 8 us on one, 128^3 in 61-64 us and 43 us,
+// 224^3 in 198-205 us and 170-185 us; float64 192^3 was faster on two threads
+// (177 us against 263-306 us).
+constexpr int64_t kMinMultiplyAddsPerThread = 6'000'000;
+
+int64_t UsefulThreads(const MatmulProblem& p, bool f64, int64_t pool_threads) {
+  const double multiply_adds = static_cast<double>(p.batch) * p.m * p.n * p.k;
+  const double per_thread = f64 ? kMinMultiplyAddsPerThread / 2 : kMinMultiplyAddsPerThread;
+  return std::clamp<int64_t>(static_cast<int64_t>(multiply_adds / per_thread), 1,
+                             std::max<int64_t>(pool_threads, 1));
+}
 
 struct TileGrid {
   int64_t tiles_m, tiles_n, rows, cols;
@@ -152,10 +170,11 @@ ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
 
   const IsaKernels& isa = ChooseKernels();
   const bool f64 = op.in == Dtype::kF64 || op.out_type == Dtype::kF64;
-  const TileGrid grid = ChooseTiles(p, f64 ? isa.f64 : isa.f32, pool.num_threads());
+  const int64_t threads = UsefulThreads(p, f64, pool.num_threads());
+  const TileGrid grid = ChooseTiles(p, f64 ? isa.f64 : isa.f32, threads);
   const size_t scratch_bytes = isa.scratch_bytes(op, grid.rows, grid.cols);
   std::atomic<bool> out_of_memory{false};
-  ParallelFor(pool, grid.count(p.batch), [&](int64_t index) {
+  ParallelFor(pool, threads, grid.count(p.batch), [&](int64_t index) {
     Tile tile;
     tile.batch = index / (grid.tiles_m * grid.tiles_n);
     const int64_t ti = index % grid.tiles_m, tj = index / grid.tiles_m % grid.tiles_n;
