@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_tiled.bench.harness import (PEER_PRECISION, VersusPeer, count_rows, matmul_fn,
-                                     measure_against_peers, measure_into)
+from jax_tiled.bench.harness import (VersusPeer, count_rows, matmul_fn,
+                                     measure_agreeing_with_peers, measure_into)
 from jax_tiled.bench.report import Progress
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
 from jax_tiled.bench.train_step import agreement_tolerance, relative_difference
@@ -118,20 +118,11 @@ def check_agreement(row: ChainRow, ours, peer) -> None:
 def run_chain(form: str, size: int, dtype: str, precisions: list[str], kernels: list[str],
               args, budget: Budget, progress: Progress) -> list[ChainRow]:
     sets = make_chain_inputs(size, args.chain_length, jnp.dtype(dtype), budget, args.seed)
-    peer_outputs = {}
-
-    def measure(precision, kernel):
-        progress.describe(f"chain {form} {size} {dtype} {precision} {kernel}")
-        row, out = measure_chain(form, size, dtype, precision, kernel, sets, args, budget)
-        peer = peer_outputs.get(PEER_PRECISION[precision])
-        if row.is_peer:
-            peer_outputs[precision] = out
-        elif out is not None and peer is not None:
-            check_agreement(row, out, peer)
-        progress.step()
-        return row
-
-    return measure_against_peers({p: kernels for p in precisions}, measure)
+    return measure_agreeing_with_peers(
+        precisions, kernels,
+        lambda precision, kernel: measure_chain(form, size, dtype, precision, kernel, sets, args,
+                                                budget),
+        check_agreement, progress, f"chain {form} {size} {dtype}")
 
 
 def run_chains(args, kernels: list[str], budget: Budget) -> list[ChainRow]:

@@ -99,6 +99,28 @@ def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
     return rows
 
 
+def measure_agreeing_with_peers(precisions: list[str], kernels: list[str], measure, check,
+                                progress, label: str) -> list:
+    """measure_against_peers for rows whose result must agree with the peer's:
+    measure(precision, kernel) returns (row, result or None), and check(row,
+    result, peer's result) records how far apart they are, failing the row
+    past its tolerance."""
+    peer_results = {}
+
+    def one(precision, kernel):
+        progress.describe(f"{label} {precision} {kernel}")
+        row, result = measure(precision, kernel)
+        peer = peer_results.get(PEER_PRECISION[precision])
+        if row.is_peer:
+            peer_results[precision] = result
+        elif result is not None and peer is not None:
+            check(row, result, peer)
+        progress.step()
+        return row
+
+    return measure_against_peers({p: kernels for p in precisions}, one)
+
+
 def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool) -> list[str]:
     """The kernels to time on `dtype` at `precision`: without --kernels, only the
     kernels that compute it (the others would be error rows: the tensor-core kernels

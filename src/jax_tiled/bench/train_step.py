@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_tiled.bench.harness import (PEER, PEER_PRECISION, VersusPeer, count_rows, matmul_fn,
-                                     measure_against_peers, measure_into)
+from jax_tiled.bench.harness import (PEER, VersusPeer, count_rows, matmul_fn,
+                                     measure_agreeing_with_peers, measure_into)
 from jax_tiled.bench.report import Progress
 from jax_tiled.bench.shapes import Shape
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
@@ -136,20 +136,10 @@ def measure_step(dtype: str, precision: str, kernel: str, sets, args, budget: Bu
 def run_train_step(dtype: str, precisions: list[str], kernels: list[str], args,
                    budget: Budget, progress: Progress) -> list[StepRow]:
     sets = make_step_inputs(args.width, args.tokens, jnp.dtype(dtype), budget, args.seed)
-    peer_outputs = {}  # peer precision -> the peer step's (loss, grads) on the first set
-
-    def measure(precision, kernel):
-        progress.describe(f"train step {args.width} {dtype} {precision} {kernel}")
-        row, outputs = measure_step(dtype, precision, kernel, sets, args, budget)
-        peer = peer_outputs.get(PEER_PRECISION[precision])
-        if row.is_peer:
-            peer_outputs[precision] = outputs
-        elif outputs is not None and peer is not None:
-            check_agreement(row, outputs, peer)
-        progress.step()
-        return row
-
-    return measure_against_peers({p: kernels for p in precisions}, measure)
+    return measure_agreeing_with_peers(
+        precisions, kernels,
+        lambda precision, kernel: measure_step(dtype, precision, kernel, sets, args, budget),
+        check_agreement, progress, f"train step {args.width} {dtype}")
 
 
 def run_train_steps(args, kernels: list[str], budget: Budget) -> list[StepRow]:
