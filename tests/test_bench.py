@@ -17,7 +17,7 @@ import pytest
 import jax_tiled
 from jax_tiled.bench import chains, cli, harness, train_step
 
-from helpers import count_equations
+from helpers import count_equations, equations
 
 TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "float32",
              "--repeats", "5", "--no-progress"]
@@ -103,13 +103,43 @@ def test_train_step_fails_when_our_products_are_wrong(tmp_path, capsys, monkeypa
     assert "training step FAILED with auto" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model", sorted(train_step.MODELS))
 @pytest.mark.parametrize("kernel, product", [("jnp.matmul", "dot_general"),
                                              ("auto", "tiled_matmul")])
-def test_train_step_runs_the_products_it_counts(kernel, product):
-    width, tokens = 16, 8
-    operands = (jnp.ones((width, width)), jnp.ones((width, width)), jnp.ones((tokens, width)))
-    jaxpr = jax.make_jaxpr(train_step.train_step_fn("default", kernel))(*operands)
-    assert count_equations(jaxpr, product) == len(train_step.train_step_products(width, tokens))
+def test_train_step_runs_the_products_it_counts(model, kernel, product):
+    step_model = train_step.MODELS[model]
+    size = train_step.StepSize(width=128, tokens=8, sequences=3)
+    operands = [jnp.ones(shape) for shape, _ in step_model.arrays(size)]
+    jaxpr = jax.make_jaxpr(train_step.train_step_fn("default", kernel, step_model))(*operands)
+    products = step_model.products(size)
+    assert count_equations(jaxpr, product) == len(products)
+    # The FLOPs it reports are those of the products the step runs.
+    assert sum(p.flops for p in products) == sum(
+        2 * math.prod(e.outvars[0].aval.shape) * _contracted(e)
+        for e in equations(jaxpr, product))
+
+
+def _contracted(eqn) -> int:
+    """The contracted size of a dot_general or tiled_matmul equation."""
+    a = eqn.invars[0].aval.shape
+    if eqn.primitive.name == "dot_general":
+        (contract_a, _), _ = eqn.params["dimension_numbers"]
+        return math.prod(a[d] for d in contract_a)
+    return a[1] if eqn.params["transpose_a"] else a[2]
+
+
+def test_attention_step_times_ours_against_the_peer(tmp_path):
+    out = tmp_path / "step.json"
+    status = cli.main(["--train-step", "--model", "attention", "--width", "128", "--tokens",
+                       "16", "--sequences", "2", "--dtype", "float32", "--repeats", "5",
+                       "--no-progress", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert status == 0
+    assert result["train_step"]["model_name"] == "attention"
+    assert result["train_step"]["sequences"] == 2
+    ours = {row["kernel"]: row for row in result["rows"]}["auto"]
+    assert ours["error"] is None and math.isfinite(ours["ratio"])
+    assert ours["grad_diff"] <= ours["tolerance"]
 
 
 TINY_CHAIN = ["--chain", "--sizes", "16,24", "--chain-length", "3", "--dtype", "float32",
@@ -163,6 +193,8 @@ def test_chains_run_the_products_they_count(form, kernel, product):
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "64"], ["--chain-length", "8"],
+                                  ["--model", "attention"], ["--train-step", "--sequences", "2"],
+                                  ["--train-step", "--model", "conv"],
                                   ["--chain", "--train-step"], ["--chain", "--shapes", "64^3"],
                                   ["--chain", "--sizes", "0"], ["--chain", "--sizes", "x"]])
 def test_chain_arguments_are_checked(argv):

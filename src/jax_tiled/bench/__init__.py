@@ -19,6 +19,7 @@ Usage:
     python -m jax_tiled.bench --train-step         # the training step, bfloat16
     python -m jax_tiled.bench --train-step --width 8192 --tokens 8192 --json step.json
     python -m jax_tiled.bench --train-step --width 64 --tokens 4096   # a small model's step
+    python -m jax_tiled.bench --train-step --model attention          # a transformer block
     python -m jax_tiled.bench --chain              # small products in lax.scan and unrolled
 
 Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch
@@ -32,7 +33,7 @@ The package, by concern:
     shapes      shape names and the suites
     harness     ours against the peer: the matmuls, rows per precision, ratios
     products    the product suite: one row per shape, dtype, precision, kernel
-    train_step  the training step (--train-step)
+    train_step  the training step (--train-step): an MLP or a transformer block
     chains      chains of small products, scanned and unrolled (--chain)
     report      progress, tables, geometric means, device facts, JSON
     plot        the PNG bar chart (--plot)

@@ -18,8 +18,8 @@ from jax_tiled.bench.report import (device_info, device_label, format_chain_tabl
                                     hbm_gbps, heading, write_json)
 from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
 from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
-from jax_tiled.bench.train_step import (TRAIN_WIDTH, describe_train_step, run_train_steps,
-                                        train_step_flops)
+from jax_tiled.bench.train_step import (MODELS, TRAIN_SIZE, describe_train_step,
+                                        run_train_steps, step_flops, step_of)
 
 def _split(values: list[str] | None) -> list[str] | None:
     if not values:
@@ -60,11 +60,18 @@ def parse_args(argv):
                    help="time the training step (forward + VJP of a 2-layer MLP) with "
                         "jnp.matmul and with each kernel, instead of single products "
                         "(default dtype bfloat16, precision default)")
+    p.add_argument("--model", choices=sorted(MODELS),
+                   help="--train-step: the model (default mlp; attention: a transformer block)")
     p.add_argument("--width", type=int, metavar="W",
-                   help=f"--train-step: the MLP's width (default {TRAIN_WIDTH['gpu']}; "
-                        f"{TRAIN_WIDTH['cpu']} on CPU)")
+                   help="--train-step: the model's width (default: mlp "
+                        f"{TRAIN_SIZE['mlp', 'gpu'][0]}, {TRAIN_SIZE['mlp', 'cpu'][0]} on CPU; "
+                        f"attention {TRAIN_SIZE['attention', 'gpu'][0]})")
     p.add_argument("--tokens", "--batch-rows", type=int, metavar="T",
-                   help="--train-step: rows of x, i.e. batch x sequence (default: the width)")
+                   help="--train-step: tokens per sequence; the MLP's rows of x (default: "
+                        f"the width; attention {TRAIN_SIZE['attention', 'gpu'][1]})")
+    p.add_argument("--sequences", type=int, metavar="S",
+                   help="--train-step --model attention: sequences in the batch (default "
+                        f"{TRAIN_SIZE['attention', 'gpu'][2]})")
     p.add_argument("--chain", action="store_true",
                    help="time chains of small dependent products, x = tanh(x @ w[i]), in "
                         "lax.scan and unrolled, per product, instead of single products "
@@ -83,10 +90,13 @@ def parse_args(argv):
     if mode and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
         p.error(f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
                 "--list-shapes do not apply")
-    if not args.train_step and (args.width or args.tokens):
-        p.error("--width and --tokens go with --train-step")
-    if any(v is not None and v < 1 for v in (args.width, args.tokens)):
-        p.error("--width and --tokens must be positive")
+    if not args.train_step and (args.width or args.tokens or args.model or args.sequences):
+        p.error("--model, --width, --tokens and --sequences go with --train-step")
+    args.model = args.model or "mlp"
+    if args.sequences is not None and args.model != "attention":
+        p.error("--sequences goes with --model attention")
+    if any(v is not None and v < 1 for v in (args.width, args.tokens, args.sequences)):
+        p.error("--width, --tokens and --sequences must be positive")
     if not args.chain and (args.sizes or args.chain_length != CHAIN_LENGTH):
         p.error("--sizes and --chain-length go with --chain")
     try:
@@ -184,21 +194,25 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
     import jax_tiled
 
     kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
-    args.width = args.width or TRAIN_WIDTH["cpu" if on_cpu else "gpu"]
-    args.tokens = args.tokens or args.width
+    width, tokens, sequences = TRAIN_SIZE[args.model, "cpu" if on_cpu else "gpu"]
+    args.width = args.width or width
+    args.tokens = args.tokens or tokens or args.width
+    args.sequences = args.sequences or sequences
+    model, size = step_of(args)
     print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-          f"training step at width {args.width}, {args.tokens} tokens x {args.dtype}; "
+          f"training step of the {args.model} at width {args.width}, "
+          f"{args.sequences} x {args.tokens} tokens x {args.dtype}; "
           f"median of {args.repeats}", file=sys.stderr)
 
     rows = run_train_steps(args, kernels, budget)
     print(heading(info))
-    print(describe_train_step(args.width, args.tokens))
+    print(describe_train_step(model, size))
     print(format_step_table(rows))
     if args.json:
         write_json(args.json, info, args, rows, train_step={
-            "width": args.width, "tokens": args.tokens,
-            "flops_per_step": train_step_flops(args.width, args.tokens),
-            "model": describe_train_step(args.width, args.tokens)})
+            "model_name": args.model, "width": args.width, "tokens": args.tokens,
+            "sequences": args.sequences, "flops_per_step": step_flops(model, size),
+            "model": describe_train_step(model, size)})
         print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "training step")
 
