@@ -189,14 +189,6 @@ __attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t
 
 // ---- Packing ------------------------------------------------------------------------
 
-// GCC would turn the W-wide copies into a memcpy call per depth step, a call
-// per 48-128 bytes: keep them inline vector moves.
-#if defined(__GNUC__) && !defined(__clang__)
-#define JAX_TILED_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#else
-#define JAX_TILED_NO_MEMCPY_CALLS
-#endif
-
 // The 8 x 8 block src[r * stride + q] (r, q < 8) written transposed to
 // dst[q * dst_stride + r]: eight vector loads, three rounds of shuffles that
 // swap the off-diagonal 4 x 4, 2 x 2 and 1 x 1 blocks between pairs of rows,

@@ -65,7 +65,7 @@ _partitioned_product = _sharding.partitioned(ffi_product)
 # Platforms on which an operand's transpose is folded into the kernel's flag.
 # On CPU the packed kernel reads every layout at nearly one speed, and the
 # copy that XLA would otherwise make costs a pass over the operand (5-10% of a
-# 1024^3 product, tests/test_layouts.py). CUDA waits for a measurement: there
+# 1024^3 product, cpp/cpu/NOTES.md). CUDA waits for a measurement: there
 # the wgmma kernel reads an MN-major A tile more slowly than a K-major one, and
 # float32's a.T @ b layout leaves wgmma for mma.
 READS_TRANSPOSES = {"cpu": True, "cuda": False}
@@ -174,13 +174,13 @@ def register(primitive) -> None:
     # custom_partitioning's lowering needs the device assignment, which jit only
     # hands to lowering rules of primitives that declare they need it.
     _compat.require_devices_during_lowering(primitive)
-    # Not cacheable: a cached lowering sees its operands as arguments of a
-    # function of its own, so _read_as_stored could not see their producers.
-    mlir.register_lowering(primitive, functools.partial(_lowering, platform="cpu"),
-                           platform="cpu", cacheable=False)
-    if _ffi.cuda_module_built():
-        mlir.register_lowering(primitive, functools.partial(_lowering, platform="cuda"),
-                               platform="cuda", cacheable=False)
+    # Where transposes are folded the lowering is not cached: a cached lowering
+    # sees its operands as arguments of a function of its own, so
+    # _read_as_stored could not see their producers.
+    platforms = ["cpu", "cuda"] if _ffi.cuda_module_built() else ["cpu"]
+    for platform in platforms:
+        mlir.register_lowering(primitive, functools.partial(_lowering, platform=platform),
+                               platform=platform, cacheable=not READS_TRANSPOSES[platform])
 
 
 register(tiled_matmul_p)

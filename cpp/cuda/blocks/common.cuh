@@ -116,10 +116,9 @@ class PerDevice {
 // on every call). Past 48 KB that needs an opt-in per kernel and per device.
 template <auto kKernel>
 cudaError_t AllowSharedMemory(int bytes) {
-  static PerDevice<bool> allowed;
-  bool done = false;
-  return allowed.Get(&done, [&](bool* ok) {
-    *ok = true;
+  static PerDevice<bool> opted_in;
+  bool unused;
+  return opted_in.Get(&unused, [&](bool*) {
     return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   });
 }
