@@ -12,15 +12,24 @@ import numpy as np
 import pytest
 
 import jax_tiled
+from jax_tiled import _ffi
 
 from helpers import HIGHEST, assert_matmul_close, random_array
 
 _FLAGS = re.compile(r"transpose_a = (true|false), transpose_b = (true|false)")
 
 
+def _on_cpu(*arrays):
+    """The arrays committed to the CPU, so that jit lowers and runs there on any
+    host (jax.default_device alone leaves lowering to the default backend,
+    which on a GPU machine is the GPU)."""
+    return jax.device_put(arrays, jax.devices("cpu")[0])
+
+
 def _compiled_cpu(f, *args) -> str:
-    with jax.default_device(jax.devices("cpu")[0]):
-        return jax.jit(f).lower(*args).compile().as_text()
+    hlo = jax.jit(f).lower(*_on_cpu(*args)).compile().as_text()
+    assert _ffi.TARGETS["cpu"] in hlo, hlo  # compiled for the CPU, whatever the host
+    return hlo
 
 
 def _flags(hlo: str) -> list[tuple[bool, bool]]:
@@ -57,8 +66,7 @@ def test_transposes_become_flags_not_copies(rng, name, shapes, f, ops, flags):
     hlo = _compiled_cpu(f, a, b)
     assert _flags(hlo) == [flags], hlo
     assert not re.search(r"\b(transpose|copy)\(", hlo), hlo
-    with jax.default_device(jax.devices("cpu")[0]):
-        out = np.asarray(jax.jit(f)(a, b))
+    out = np.asarray(jax.jit(f)(*_on_cpu(a, b)))
     a_op, b_op = ops(a, b)
     expected_shape = np.matmul(a_op, b_op).shape
     out = out.reshape(expected_shape) if name.startswith("vector") else out
@@ -74,8 +82,7 @@ def test_other_permutations_are_copied(rng):
         return _mm(jnp.transpose(a, (1, 0, 2)), b)
 
     assert _flags(_compiled_cpu(f, a, b)) == [(False, False)]
-    with jax.default_device(jax.devices("cpu")[0]):
-        out = np.asarray(jax.jit(f)(a, b))
+    out = np.asarray(jax.jit(f)(*_on_cpu(a, b)))
     assert_matmul_close(out, np.transpose(a, (1, 0, 2)), b, platform="cpu", precision="highest")
 
 
@@ -87,8 +94,7 @@ def test_a_transpose_used_elsewhere_is_still_computed(rng):
         bt = b.T
         return _mm(a, bt), bt * 2.0
 
-    with jax.default_device(jax.devices("cpu")[0]):
-        out, twice = jax.jit(f)(a, b)
+    out, twice = jax.jit(f)(*_on_cpu(a, b))
     np.testing.assert_array_equal(np.asarray(twice), b.T * 2.0)
     assert_matmul_close(np.asarray(out), a, b.T, platform="cpu", precision="highest")
 
@@ -103,9 +109,8 @@ def test_gradients_and_vmap_through_a_folded_transpose(rng):
     def loss_ref(x, w):
         return jnp.sum(jnp.tanh(jnp.matmul(x, w.T, precision=HIGHEST)))
 
-    with jax.default_device(jax.devices("cpu")[0]):
-        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
-        want = jax.jit(jax.value_and_grad(loss_ref, argnums=(0, 1)))(x, w)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(*_on_cpu(x, w))
+    want = jax.jit(jax.value_and_grad(loss_ref, argnums=(0, 1)))(*_on_cpu(x, w))
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=2e-5, atol=2e-5)
 
@@ -118,6 +123,5 @@ def test_symbolic_shapes_keep_the_copy_and_export(rng):
                                  disabled_checks=jax_tiled.export_disabled_checks())(
         jax.ShapeDtypeStruct(spec, np.float32), jax.ShapeDtypeStruct(b.shape, np.float32))
     a = random_array(rng, (9, 70), np.float32)
-    with jax.default_device(jax.devices("cpu")[0]):
-        out = np.asarray(exported.call(a, b))
+    out = np.asarray(exported.call(*_on_cpu(a, b)))
     assert_matmul_close(out, a, b.T, platform="cpu", precision="highest")

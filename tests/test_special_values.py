@@ -50,11 +50,27 @@ TINY = {F32: 1e-30, BF16: 1e-30, F16: 1e-3, F64: 1e-300}
 SUB = {F32: 1e-40, BF16: 1e-40, F16: 1e-6, F64: 1e-310}
 
 
-def special_operands(rng, m, k, n, dtype):
-    """(a, b, subnormal_rows) with every case in its own rows, columns and k."""
+# The largest float32 that TF32 rounding leaves finite: (2 - 2^-10) * 2^127.
+# At DEFAULT the `wgmma` kernel's shared-memory operand is rounded to TF32 by
+# the copy engine, which takes the float32 values above it (within half a TF32
+# step of the limit) to inf (README, "Special values";
+# test_default_rounds_the_top_of_float32_to_inf_on_wgmma).
+TF32_MAX = float(np.uint32(0x7F7FE000).view(np.float32))
+
+
+def largest_operand(platform, dtype, precision) -> float:
+    """The largest finite operand every kernel keeps finite at `precision`."""
+    if platform == "cuda" and np.dtype(dtype) == F32 and precision in (None, "default"):
+        return TF32_MAX
+    return float(jnp.finfo(dtype).max)
+
+
+def special_operands(rng, m, k, n, dtype, fmax=None):
+    """(a, b, subnormal_rows) with every case in its own rows, columns and k;
+    `fmax`: the operands' largest finite value (default the dtype's)."""
     a = rng.standard_normal((m, k))
     b = rng.standard_normal((k, n))
-    fmax = float(jnp.finfo(dtype).max)
+    fmax = float(jnp.finfo(dtype).max) if fmax is None else fmax
     # Distinct contraction indices for the cases, spread over the K slabs.
     k_inf, k_ninf, k_nan, k_bnan, k_big, k_near, k_nearb, k_binf = (
         7, k - 2, k // 2, 11, k - 5, k // 3, 13, k // 4)
@@ -143,7 +159,8 @@ def test_every_kernel_gives_true_arithmetics_special_values(platform, rng, in_dt
     m, k, n = shape
     ta, tb = layout
     with x64() if F64 in (in_dtype, out_dtype) else contextlib.nullcontext():
-        a, b, sub_rows = special_operands(rng, m, k, n, in_dtype)
+        a, b, sub_rows = special_operands(rng, m, k, n, in_dtype,
+                                          largest_operand(platform, in_dtype, precision))
         problem = (1, 1, m, n, k, ta, tb)
         for kernel in kernels_on(platform, in_dtype, out_dtype, problem=problem,
                                  precision=precision):
@@ -180,7 +197,7 @@ def test_special_values_under_grad_jvp_and_vmap(platform, rng, precision):
     """The products of jvp, grad and vmap (transposed layouts, batches) keep the
     kinds that jnp.matmul's give."""
     m, k, n = SHAPES[1]
-    a, b, _ = special_operands(rng, m, k, n, F32)
+    a, b, _ = special_operands(rng, m, k, n, F32, largest_operand(platform, F32, precision))
     # Tangents and weights below 1/2: times the largest finite value they stay
     # clear of overflow, which TF32's rounding of a factor near 1 could decide.
     ta, tb, w = (rng.uniform(-0.5, 0.5, shape).astype(F32) for shape in (a.shape, b.shape, (m, n)))
@@ -196,3 +213,27 @@ def test_special_values_under_grad_jvp_and_vmap(platform, rng, precision):
     theirs = run(lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST))
     for name, x, y in zip(("jvp", "grad a", "grad b", "vmap"), ours, theirs):
         np.testing.assert_array_equal(kinds(x), kinds(y), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_default_rounds_the_top_of_float32_to_inf_on_wgmma(rng, on_gpu):
+    """The one documented corner (README, "Special values"): at DEFAULT the
+    copy engine rounds `wgmma`'s shared-memory operand to the nearest TF32,
+    so a float32 within half a TF32 step of the limit reads as inf there;
+    every other kernel, and `wgmma` at HIGH, keeps it finite."""
+    m, k, n = 128, 64, 136
+    fmax = float(jnp.finfo(F32).max)
+    a = rng.uniform(0.5, 1.0, (m, k)).astype(F32)
+    b = rng.uniform(0.5, 1.0, (k, n)).astype(F32) / k
+    a[5, 7] = fmax
+    b[7, :] = 0.25
+    assert a[5, 7] > TF32_MAX
+    for kernel in kernels_on("cuda", F32, F32, problem=(1, 1, m, n, k, False, False),
+                             precision="default"):
+        out = np.asarray(jax_tiled.matmul(a, b, precision="default", kernel=kernel))
+        if kernel in ("wgmma", "auto"):  # C^T = B^T A^T: a is read from shared memory
+            assert np.isposinf(out[5]).all() and np.isfinite(np.delete(out, 5, 0)).all()
+        else:
+            assert np.isfinite(out).all(), kernel
+    out = np.asarray(jax_tiled.matmul(a, b, precision="high", kernel="wgmma"))
+    assert np.isfinite(out).all()

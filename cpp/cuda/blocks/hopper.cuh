@@ -76,12 +76,18 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // A tensor map reading `o` in 128-byte-swizzled boxes, zero-filled past every
 // edge (so partial tiles need no separate path). Encoding is host work of a
 // microsecond or so, redone per call since buffers move between calls.
+// round_to_tf32 (float only): the copy engine rounds each float32 to the
+// nearest TF32 (ties to even) as it lands, at no instruction cost; without
+// it, wgmma would truncate the low 13 bits of a float32 it reads from shared
+// memory, a bias of half a TF32 step toward zero on every product.
 template <class In>
-cudaError_t EncodeOperand(const OperandLayout& o, CUtensorMap* map) {
+cudaError_t EncodeOperand(const OperandLayout& o, CUtensorMap* map, bool round_to_tf32 = false) {
   constexpr int64_t kBytes = sizeof(In);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (!encode) return cudaErrorNotSupported;
-  const CUtensorMapDataType type = std::is_same_v<In, float>    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+  if (round_to_tf32 && !std::is_same_v<In, float>) return cudaErrorInvalidValue;
+  const CUtensorMapDataType type = round_to_tf32               ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32
+                                   : std::is_same_v<In, float>  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   // A broadcast operand's batch stride is never followed; any legal one will do.

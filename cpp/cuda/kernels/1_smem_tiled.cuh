@@ -7,12 +7,14 @@
 // multiply-adds from shared memory. Each global element is thus fetched once per
 // block instead of once per thread, cutting global traffic by a factor of kTile.
 // Loads past the matrix edges write zeros, so the inner loop needs no guards.
+// Each 256 of K is summed afresh before joining the total (blocked_sum.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
@@ -58,20 +60,24 @@ __global__ void __launch_bounds__(kTile * kTile)
     for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
       for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
         const int64_t row0 = tile_m * kTile, col0 = tile_n * kTile;
-        Acc acc{0};
-        for (int64_t k0 = 0; k0 < dims.k; k0 += kTile) {
+        Accumulators<Acc, kTile, /*kBlocked=*/true> acc;
+        for (int64_t phase = 0; phase * kTile < dims.k; ++phase) {
+          const int64_t k0 = phase * kTile;
           LoadTile<kTile>(a_tile, a_batch, dims.lda, dims.transpose_a, dims.m, dims.k, row0, k0);
           LoadTile<kTile>(b_tile, b_batch, dims.ldb, dims.transpose_b, dims.k, dims.n, k0, col0);
           __syncthreads();  // the tiles are complete before anyone reads them
 #pragma unroll
-          for (int kk = 0; kk < kTile; ++kk) acc += a_tile[threadIdx.y][kk] * b_tile[kk][threadIdx.x];
+          for (int kk = 0; kk < kTile; ++kk)
+            acc.partial += a_tile[threadIdx.y][kk] * b_tile[kk][threadIdx.x];
+          acc.EndSlab(phase);
           if constexpr (!kSkipSecondSync) {
             __syncthreads();  // everyone is done reading before the next phase overwrites
           }
         }
         const int64_t row = row0 + threadIdx.y, col = col0 + threadIdx.x;
         if (row < dims.m && col < dims.n)
-          out[batch * dims.out_batch_stride + row * dims.ldc + col] = FromAccumulator<Out>(acc);
+          out[batch * dims.out_batch_stride + row * dims.ldc + col] =
+              FromAccumulator<Out>(acc.Result());
       }
     }
   }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
@@ -55,8 +56,11 @@ __global__ void __launch_bounds__(Shape::kThreads)
     for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
       for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
         const int64_t row0 = tile_m * kBlock, col0 = tile_n * kBlock;
-        Acc acc[kThreadTile][kThreadTile] = {};
-        for (int64_t k0 = 0; k0 < dims.k; k0 += kDepth) {
+        constexpr bool kBlocked =
+            RoomForBlockedSum(kThreadTile * kThreadTile * sizeof(Acc) / 4, Shape::kThreads);
+        Accumulators<Acc[kThreadTile][kThreadTile], kDepth, kBlocked> acc;
+        for (int64_t phase = 0; phase * kDepth < dims.k; ++phase) {
+          const int64_t k0 = phase * kDepth;
           // op(B) is (k, n); its tile is stored as (n, k), i.e. op(B)^T, which
           // is b itself when transpose_b and b^T otherwise.
           LoadBlock<kBlock, kDepth, Shape::kThreads>(a_tile, a + batch * dims.a_batch_stride,
@@ -77,10 +81,12 @@ __global__ void __launch_bounds__(Shape::kThreads)
 #pragma unroll
             for (int i = 0; i < kThreadTile; ++i)
 #pragma unroll
-              for (int j = 0; j < kThreadTile; ++j) acc[i][j] += a_frag[i] * b_frag[j];
+              for (int j = 0; j < kThreadTile; ++j) acc.partial[i][j] += a_frag[i] * b_frag[j];
           }
+          acc.EndSlab(phase);
           __syncthreads();
         }
+        const auto& sum = acc.Result();
         Out* out_batch = out + batch * dims.out_batch_stride;
 #pragma unroll
         for (int i = 0; i < kThreadTile; ++i) {
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
           for (int j = 0; j < kThreadTile; ++j) {
             const int64_t col = col0 + thread_col + j;
             if (row < dims.m && col < dims.n)
-              out_batch[row * dims.ldc + col] = FromAccumulator<Out>(acc[i][j]);
+              out_batch[row * dims.ldc + col] = FromAccumulator<Out>(sum[i][j]);
           }
         }
       }

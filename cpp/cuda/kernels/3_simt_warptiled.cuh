@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 
 namespace jax_tiled::cuda {
@@ -32,6 +33,10 @@ struct WarpTileConfig {
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBlockM = 32 * kWarpsM, kBlockN = 64 * kWarpsN;
+  // Whether each thread's 8 x 8 sums of Acc can be blocked (blocked_sum.cuh).
+  template <class Acc>
+  static constexpr bool kBlockedSum =
+      RoomForBlockedSum(64 * sizeof(Acc) / 4, kThreads * kMinBlocks);
 };
 
 // Four consecutive accumulators in shared memory as 16-byte accesses (the
@@ -194,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         LoaderB load_b{b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k,
                        dims.transpose_b, b_vector_ok};
 
-        Acc acc[8][8] = {};
+        Accumulators<Acc[8][8], Cfg::kSlab, Cfg::template kBlockedSum<Acc>> acc;
         load_a.Fetch(row0, 0);
         load_b.Fetch(col0, 0);
         load_a.Store(a_tiles[0]);
@@ -208,7 +213,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             load_a.Fetch(row0, (slab + 1) * Cfg::kSlab);
             load_b.Fetch(col0, (slab + 1) * Cfg::kSlab);
           }
-          AccumulateSlab(acc, a_tiles[cur], b_tiles[cur], thread_tile);
+          AccumulateSlab(acc.partial, a_tiles[cur], b_tiles[cur], thread_tile);
+          acc.EndSlab(slab);
           if (more) {  // the other buffer was last read before the previous barrier
             load_a.Store(a_tiles[cur ^ 1]);
             load_b.Store(b_tiles[cur ^ 1]);
@@ -216,7 +222,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           __syncthreads();
         }
 
-        StoreThreadTile(acc, thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
+        StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0,
+                        col0);
       }
     }
   }

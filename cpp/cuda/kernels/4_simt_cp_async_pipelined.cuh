@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       CommitCopies();
     };
 
-    float acc[8][8] = {};
+    Accumulators<float[8][8], Cfg::kSlab, Cfg::template kBlockedSum<float>> acc;
 #pragma unroll
     for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s);
     for (int64_t slab = 0; slab < slabs; ++slab) {
@@ -146,10 +146,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // reading slab - 1, whose stage the next issue overwrites.
       __syncthreads();
       issue(slab + Cfg::kStages - 1);
-      AccumulateSlab(acc, a_tiles[slab % Cfg::kStages], b_tiles[slab % Cfg::kStages],
+      AccumulateSlab(acc.partial, a_tiles[slab % Cfg::kStages], b_tiles[slab % Cfg::kStages],
                      thread_tile);
+      acc.EndSlab(slab);
     }
-    StoreThreadTile(acc, thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
+    StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
     __syncthreads();  // the next tile's first copies overwrite stages still being read
   }
 }

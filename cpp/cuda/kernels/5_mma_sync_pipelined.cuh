@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "cuda/blocks/async_copy.cuh"
+#include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 #include "cuda/blocks/tf32.cuh"
 #include "cuda/kernel.h"
@@ -70,6 +71,9 @@ struct MmaConfig {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBlockM = kWarpsM * kWarpM, kBlockN = kWarpsN * kWarpN;
   static constexpr int kTilesM = kWarpM / 16, kTilesN = kWarpN / 8;  // mma tiles per warp
+  // Whether the registers hold a second set of accumulators (blocked_sum.cuh).
+  static constexpr bool kRoomForBlockedSum =
+      RoomForBlockedSum(kTilesM * kTilesN * 4, kThreads * kMinBlocks_);
   // K per mma: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; 32 bytes either way.
   static constexpr int kStep = sizeof(In) == 2 ? 16 : 8;
   // One ldmatrix.x4 loads a 16 x kStep piece: one m16 tile of A, or two n8 tiles of B.
@@ -525,7 +529,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       CommitCopies();
     };
 
-    float acc[Cfg::kTilesM][Cfg::kTilesN][4] = {};
+    // The split path sums each slab afresh already (MmaSlab); one pass blocks
+    // its sums where the registers allow.
+    Accumulators<float[Cfg::kTilesM][Cfg::kTilesN][4], Cfg::kSlab,
+                 !kSplit && Cfg::kRoomForBlockedSum>
+        acc;
 #pragma unroll
     for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s, s);
     int read = 0;  // slab % kStages, without 64-bit division
@@ -535,11 +543,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       // reading slab - 1, whose stage the next issue overwrites.
       __syncthreads();
       issue(slab + Cfg::kStages - 1, read == 0 ? Cfg::kStages - 1 : read - 1);
-      MmaSlab<Cfg, TileA, TileB, kSplit>(acc, a_lane + read * kStageBytes,
+      MmaSlab<Cfg, TileA, TileB, kSplit>(acc.partial, a_lane + read * kStageBytes,
                                          b_lane + read * kStageBytes);
+      acc.EndSlab(slab);
       read = read == Cfg::kStages - 1 ? 0 : read + 1;
     }
-    StoreWarpTile<Cfg>(acc, out + batch * dims.out_batch_stride, dims, row0 + warp_m,
+    StoreWarpTile<Cfg>(acc.Result(), out + batch * dims.out_batch_stride, dims, row0 + warp_m,
                        col0 + warp_n, pair_stores);
     __syncthreads();  // the next tile's first copies overwrite stages still being read
   }

@@ -19,7 +19,14 @@
 //   TileOrder, so the producer fetches the next tile while the consumers
 //   store the last one.
 //
+// Sums over K: the tensor cores truncate each addition into the accumulator,
+// so where the registers allow (128-wide tiles) each 256 of K goes into a
+// fresh partial sum first (blocked_sum.cuh); 3xTF32 sums every slab afresh.
+//
 // float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
+// TF32 operands are rounded to nearest, never truncated: the copy engine
+// rounds the shared-memory operand as it lands (a TFLOAT32 tensor map), and
+// the consumers round the register operand (RoundToTf32).
 // Its A operand may come from registers instead, loaded by the consumers from
 // the swizzled tile in whatever layout it arrived (ElementOffset), so:
 // - B stored K-major (transpose_b): A from registers, either layout;
@@ -40,6 +47,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 #include "cuda/blocks/hopper.cuh"
 #include "cuda/blocks/tf32.cuh"
@@ -56,6 +64,9 @@ struct WgmmaConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  // Whether a consumer's registers hold a second set of accumulators, for
+  // blocked sums (blocked_sum.cuh): 128-wide tiles yes, 256-wide ones no.
+  static constexpr bool kRoomForBlockedSum = 2 * (kBlockN / 2) + 64 <= kConsumerRegisters;
 };
 
 // 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
@@ -255,9 +266,15 @@ struct WgmmaConsumer {
   using Tiles = typename Stages::Tiles;
   using A = AFragments<Ops, Tiles::kSteps>;
 
+  // One pass sums each kBlockedSumDepth of K into `partial` first where the
+  // registers allow; 3xTF32 sums each slab there (tf32.cuh). Either way acc
+  // collects the partial sums with rounded float adds.
+  static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
+  static constexpr int kSlabsPerPartial = kBlocked ? kBlockedSumDepth / Tiles::kSlab : 1;
+  static_assert(kBlockedSumDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
+
   float acc[Cfg::kBlockN / 2];
-  // 3xTF32: each slab's sum, added into acc with rounded float adds (tf32.cuh).
-  float slab_sum[Ops::kSplit ? Cfg::kBlockN / 2 : 1];
+  float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
   // TF32 A operands of two slabs: one being read by wgmmas in flight, one loading.
   A even, odd;
   StageCursor<Cfg::kStages> at;
@@ -272,24 +289,24 @@ struct WgmmaConsumer {
   // acc = this warpgroup's rows of the tile's product.
   __device__ __forceinline__ void Mainloop(const Stages& stages, int64_t slabs) {
     int previous = -1;  // the stage whose wgmmas may still be reading
-    if constexpr (Ops::kSplit)
+    if constexpr (Ops::kSplit || kBlocked)
 #pragma unroll
       for (float& x : acc) x = 0.0f;
     // Unconditional pairs, so ptxas can see that a buffer is reloaded only
     // after the wait that retired its last readers (else it serialises wgmma).
     for (int64_t slab = 0; slab + 1 < slabs; slab += 2) {
-      Consume(stages, slab, even, previous);
-      Consume(stages, slab + 1, odd, previous);
+      Consume(stages, slab, slabs, even, previous);
+      Consume(stages, slab + 1, slabs, odd, previous);
     }
-    if (slabs % 2) Consume(stages, slabs - 1, even, previous);
+    if (slabs % 2) Consume(stages, slabs - 1, slabs, even, previous);
     hopper::WgmmaWait<0>();
     hopper::FenceAccumulators(acc);
-    if (!Ops::kSplit && lane == 0) hopper::Arrive(&stages.empty[previous]);
+    if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
   }
 
  private:
-  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, A& a,
-                                          int& previous) {
+  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, int64_t slabs,
+                                          A& a, int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
     if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
@@ -301,38 +318,64 @@ struct WgmmaConsumer {
       // the four big ones are added (truncated) into a large partial sum.
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
-        hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.lo[step], b(step), step > 0);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), step > 0);
         hopper::WgmmaTf32<Cfg::kBlockN>(
-            slab_sum, a.hi[step], Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
+            partial, a.hi[step], Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
       }
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step)
-        hopper::WgmmaTf32<Cfg::kBlockN>(slab_sum, a.hi[step], b(step), 1);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step], b(step), 1);
       hopper::WgmmaCommit();
       // The other consumer warpgroup keeps the tensor cores busy meanwhile.
-      hopper::WgmmaWait<0>();
-      hopper::FenceAccumulators(slab_sum);
-#pragma unroll
-      for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += slab_sum[i];
+      AddPartial();
       if (lane == 0) hopper::Arrive(&stages.empty[at.stage]);
     } else {
+      // The running sum these wgmmas add into, and whether they start it afresh.
+      auto& sum = SumOf();
+      const bool fresh = kBlocked ? slab % kSlabsPerPartial == 0 : slab == 0;
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
-        const int first = slab > 0 || step > 0;  // 0: the tile's first product overwrites
+        const int accumulate = !fresh || step > 0;  // 0: the sum's first product overwrites
         if constexpr (Ops::kTf32)
-          hopper::WgmmaTf32<Cfg::kBlockN>(acc, a.hi[step], b(step), first);
+          hopper::WgmmaTf32<Cfg::kBlockN>(sum, a.hi[step], b(step), accumulate);
         else
           hopper::Wgmma<Cfg::kBlockN, typename Ops::In, Ops::kAMnMajor, Ops::kBMnMajor>(
-              acc, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), first);
+              sum, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), accumulate);
       }
       hopper::WgmmaCommit();
-      // Keep this slab's wgmmas in flight; the previous slab's are done, so
-      // its stage can go back to the producer and its A registers be reloaded.
-      hopper::WgmmaWait<1>();
-      if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
-      previous = at.stage;
+      if (kBlocked && ((slab + 1) % kSlabsPerPartial == 0 || slab + 1 == slabs)) {
+        // The partial sum is complete: retire every wgmma (the other consumer
+        // warpgroup keeps the tensor cores busy meanwhile), add it into acc,
+        // and hand back both stages still held.
+        AddPartial();
+        if (lane == 0) {
+          if (previous >= 0) hopper::Arrive(&stages.empty[previous]);
+          hopper::Arrive(&stages.empty[at.stage]);
+        }
+        previous = -1;
+      } else {
+        // Keep this slab's wgmmas in flight; the previous slab's are done, so
+        // its stage can go back to the producer and its A registers be reloaded.
+        hopper::WgmmaWait<1>();
+        if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
+        previous = at.stage;
+      }
     }
     at.Advance();
+  }
+
+  // What one pass's wgmmas add into: the partial sum, or acc itself.
+  __device__ __forceinline__ auto& SumOf() {
+    if constexpr (kBlocked) return partial;
+    else return acc;
+  }
+
+  // acc += partial, once every wgmma writing it has retired.
+  __device__ __forceinline__ void AddPartial() {
+    hopper::WgmmaWait<0>();
+    hopper::FenceAccumulators(partial);
+#pragma unroll
+    for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += partial[i];
   }
 };
 
@@ -498,7 +541,11 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, cudaStream_t st
   CUtensorMap a_map, b_map;
   if (cudaError_t err = hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Cfg::kBlockM), &a_map))
     return err;
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map))
+  // One TF32 pass reads B as the copy engine rounds it; 3xTF32 splits B's
+  // float32 values in shared memory, so they must land whole.
+  constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map,
+                                                  kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, Out>;
   constexpr int kShared = WgmmaTiles<Cfg, Ops>::kSharedBytes;
