@@ -1,0 +1,90 @@
+"""Accuracy against `jnp.matmul` on the same backend: every kernel at every
+precision is at least as accurate as the product a user would otherwise get.
+
+Error is ||out - ref|| / ||ref|| and bias mean(out - ref) / mean(|ref|), ref
+being the float64 product of the same (already rounded) inputs; ours must stay
+within 1.2x jnp's error and 2x its bias (the targets of the performance
+protocol, docs/performance.md). Inputs uniform in [0.5, 1.5] expose bias
+(rounding or truncation that leans one way adds up instead of averaging out),
+normal ones the error of cancelling sums; K is long enough for an
+accumulation order that grows with K to show (it did: one running sum over
+K = 8192 was 7.6x cuBLAS's error on an H100, truncated TF32 operands 14-57x).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tiled
+
+from helpers import kernels_on
+
+F32, BF16, F16 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float16))
+
+# (input dtype, output dtype, precision): float32 at each precision, 16-bit
+# inputs into a float32 result (the accumulator shows) and into themselves.
+CONFIGS = [(F32, F32, p) for p in ("default", "high", "highest")] + [
+    (BF16, F32, None), (F16, F32, None), (BF16, BF16, None)]
+CONFIG_IDS = [f"{i.name}-{o.name}-{p}" for i, o, p in CONFIGS]
+
+# (m, k, n): a long K over few output tiles (where a library splits K), and
+# an odd shape.
+SHAPES = [(128, 6144, 136), (197, 1000, 263)]
+
+
+def inputs(rng, m, k, n, dtype, distribution):
+    if distribution == "positive":
+        a, b = rng.uniform(0.5, 1.5, (m, k)), rng.uniform(0.5, 1.5, (k, n))
+    else:
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    return a.astype(dtype), b.astype(dtype)
+
+
+def error_and_bias(out, ref):
+    diff = np.asarray(out, np.float64) - ref
+    return np.linalg.norm(diff) / np.linalg.norm(ref), np.mean(diff) / np.mean(np.abs(ref))
+
+
+@pytest.mark.parametrize("distribution", ["positive", "normal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("in_dtype,out_dtype,precision", CONFIGS, ids=CONFIG_IDS)
+def test_every_kernel_is_as_accurate_as_jnp(platform, rng, in_dtype, out_dtype, precision, shape,
+                                            distribution):
+    m, k, n = shape
+    a, b = inputs(rng, m, k, n, in_dtype, distribution)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    peer_error, peer_bias = error_and_bias(
+        jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype), ref)
+    # Room for the rounding of the result itself, which neither side avoids
+    # (a quarter of the output's epsilon: far below any accumulation effect);
+    # for the bias also for chance: a mean of m n errors of rms `error`
+    # wanders by error / sqrt(m n), and 3 such steps are no evidence of a lean.
+    floor = float(jnp.finfo(out_dtype).eps) / 4
+    bias_floor = floor + 3 * 1.2 * peer_error / np.sqrt(m * n)
+    misses = []
+    for kernel in kernels_on(platform, in_dtype, out_dtype, problem=(1, 1, m, n, k, False, False),
+                             precision=precision):
+        error, bias = error_and_bias(
+            jax_tiled.matmul(a, b, precision=precision, preferred_element_type=out_dtype,
+                             kernel=kernel), ref)
+        if error > 1.2 * peer_error + floor or abs(bias) > 2 * abs(peer_bias) + bias_floor:
+            misses.append(f"{kernel}: error {error:.2e}, bias {bias:+.1e}")
+    assert not misses, (f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; "
+                        + "; ".join(misses))
+
+
+def test_the_check_sees_a_biased_product(rng):
+    """The measure above catches what it is for: operands truncated to TF32
+    (what the Hopper kernel's shared-memory operand was before it was rounded)
+    are 10x jnp's float32 error, with the bias showing."""
+    m, k, n = SHAPES[0]
+    a, b = inputs(rng, m, k, n, F32, "positive")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    truncated = (b.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    error, bias = error_and_bias(a.astype(np.float64) @ truncated.astype(np.float64), ref)
+    peer_error, peer_bias = error_and_bias(
+        jnp.matmul(a, b, precision=lax.Precision.HIGHEST), ref)
+    assert error > 10 * peer_error and bias < -10 * abs(peer_bias)
