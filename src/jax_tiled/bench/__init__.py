@@ -21,6 +21,7 @@ Usage:
     python -m jax_tiled.bench --train-step --width 64 --tokens 4096   # a small model's step
     python -m jax_tiled.bench --train-step --model attention          # a transformer block
     python -m jax_tiled.bench --chain              # small products in lax.scan and unrolled
+    python -m jax_tiled.bench --accuracy           # error and bias, ours and jnp's, vs float64
 
 Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch
 32), "b8x2048^3"; a suffix "-tA" / "-tB" stores a (or b) transposed and passes
@@ -35,6 +36,7 @@ The package, by concern:
     products    the product suite: one row per shape, dtype, precision, kernel
     train_step  the training step (--train-step): an MLP or a transformer block
     chains      chains of small products, scanned and unrolled (--chain)
+    accuracy    error and bias against a float64 product, ours and the peer's (--accuracy)
     report      progress, tables, geometric means, device facts, JSON
     plot        the PNG bar chart (--plot)
     cli         the command line (`python -m jax_tiled.bench`, `main`)

@@ -8,9 +8,10 @@ products, x = tanh(x @ w[i]) with x and every w[i] size x size, either as a
 `lax.scan` over the stacked weights or unrolled in Python, once with
 `jnp.matmul` and once per requested kernel with `jax_tiled.matmul`. A row
 reports the time per product; inputs rotate and samples are timed as for
-products (timing.py). Our chain's final x must match the peer's within the
-training step's tolerance for the dtype, or the row fails and the exit
-status is 1.
+products (timing.py). Each chain's final x on the first set is compared with
+the truth, the same chain by the peer at precision highest in float32, as the
+training step's are (harness.judge_against_truth): past the rule, the row fails
+and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_tiled.bench.harness import (VersusPeer, count_rows, matmul_fn,
-                                     measure_agreeing_with_peers, measure_into)
+                                     measure_agreeing_with_peers, measure_into,
+                                     relative_distance, truth_of)
 from jax_tiled.bench.report import Progress
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
-from jax_tiled.bench.train_step import agreement_tolerance, relative_difference
 
 FORMS = ("scan", "unrolled")
 CHAIN_SIZES = {"gpu": (128, 256, 512), "cpu": (128, 256)}
@@ -55,8 +56,10 @@ class ChainRow(VersusPeer):
     ratio: float | None = None       # peer time / our time
     peer_ms: float | None = None
     peer_precision: str | None = None
-    diff: float | None = None        # ||x - peer's x|| / ||peer's x|| at the chain's end
-    tolerance: float | None = None
+    # Relative distances to the truth of the final x (chain_errs): {"x": ...}
+    err: dict[str, float] | None = None
+    peer_err: dict[str, float] | None = None  # the peer's, on a kernel's row
+    tolerance: float | None = None    # see harness.judge_against_truth
     calls: int | None = None
     samples_ms: list[float] | None = None
     error: str | None = None
@@ -106,23 +109,21 @@ def measure_chain(form: str, size: int, dtype: str, precision: str, kernel: str,
     return row, timing.first
 
 
-def check_agreement(row: ChainRow, ours, peer) -> None:
-    """Past the tolerance, or not finite, the row fails: no ratio, exit status 1."""
-    row.diff = relative_difference(ours, peer)
-    row.tolerance = agreement_tolerance(row.dtype, row.precision)
-    if not row.diff <= row.tolerance:  # nan fails too
-        row.error = (f"disagrees with the peer: final x off by {row.diff:.1e} (relative; "
-                     f"tolerance {row.tolerance:.0e})")
+def chain_errs(x, truth) -> dict[str, float]:
+    """How far a chain's final x is from the truth's."""
+    return {"x": relative_distance(x, truth)}
 
 
 def run_chain(form: str, size: int, dtype: str, precisions: list[str], kernels: list[str],
               args, budget: Budget, progress: Progress) -> list[ChainRow]:
     sets = make_chain_inputs(size, args.chain_length, jnp.dtype(dtype), budget, args.seed)
+    truth = truth_of(lambda precision, kernel: chain_fn(form, args.chain_length, precision,
+                                                        kernel), sets[0])
     return measure_agreeing_with_peers(
         precisions, kernels,
         lambda precision, kernel: measure_chain(form, size, dtype, precision, kernel, sets, args,
                                                 budget),
-        check_agreement, progress, f"chain {form} {size} {dtype}")
+        chain_errs, truth, progress, f"chain {form} {size} {dtype}")
 
 
 def run_chains(args, kernels: list[str], budget: Budget) -> list[ChainRow]:

@@ -8,14 +8,17 @@ import sys
 import jax
 
 import jax_tiled.bench as package
+from jax_tiled.bench.accuracy import (ACCURACY_SHAPES, DEFINITIONS, LEGEND, WIDE_OUTPUT_SHAPES,
+                                      run_accuracy)
 from jax_tiled.bench.chains import (CHAIN_DTYPES, CHAIN_LENGTH, CHAIN_SIZES, describe_chains,
                                     run_chains)
-from jax_tiled.bench.harness import DTYPES, PRECISIONS
+from jax_tiled.bench.harness import AGREEMENT_TEXT, DTYPES, PRECISIONS, TRUTH_TEXT
 from jax_tiled.bench.plot import pyplot, write_plot
 from jax_tiled.bench.products import run_all
-from jax_tiled.bench.report import (device_info, device_label, format_chain_table,
-                                    format_geomeans, format_step_table, format_table, geomeans,
-                                    hbm_gbps, heading, write_json)
+from jax_tiled.bench.report import (device_info, device_label, format_accuracy_table,
+                                    format_chain_table, format_geomeans, format_step_table,
+                                    format_table, geomeans, hbm_gbps, heading, json_rows,
+                                    write_json)
 from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
 from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
 from jax_tiled.bench.train_step import (MODELS, TRAIN_SIZE, describe_train_step,
@@ -33,7 +36,8 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", action="append", metavar="DT",
                    help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
-                        "(default float32; --train-step: bfloat16)")
+                        "(default float32; --train-step: bfloat16; --accuracy: float32, "
+                        "bfloat16, float16)")
     p.add_argument("--precision", action="append", metavar="P",
                    help="precision(s): default, high, highest (default: all three for "
                         "float32, default otherwise)")
@@ -82,14 +86,31 @@ def parse_args(argv):
                         f"{','.join(map(str, CHAIN_SIZES['cpu']))} on CPU)")
     p.add_argument("--chain-length", type=int, default=CHAIN_LENGTH, metavar="L",
                    help=f"--chain: products per chain (default {CHAIN_LENGTH})")
+    p.add_argument("--accuracy", action="store_true",
+                   help="instead of timing, measure each kernel's and jnp.matmul's error "
+                        "against a float64 NumPy product of the same inputs, per dtype, "
+                        "precision, output dtype (16-bit also into float32), input "
+                        "distribution and shape: err = ||out - ref||_F / ||ref||_F, bias = "
+                        "mean(out - ref) / mean(|ref|), on positive (uniform [0.5, 1.5]) and "
+                        "normal inputs; flags rows whose err is more than 1.2x jnp's or whose "
+                        "|bias| is more than 2x jnp's (with tests/test_accuracy.py's room for "
+                        "the output's rounding and for chance). Default shapes: "
+                        f"{', '.join(ACCURACY_SHAPES['gpu'] + WIDE_OUTPUT_SHAPES['gpu'])}"
+                        " (the last for 16-bit into float32 only); on CPU or with --cpu-suite "
+                        f"{', '.join(ACCURACY_SHAPES['cpu'] + WIDE_OUTPUT_SHAPES['cpu'])}")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.train_step and args.chain:
-        p.error("--train-step and --chain are separate runs")
-    mode = "--train-step" if args.train_step else "--chain" if args.chain else None
-    if mode and (args.shapes or args.cpu_suite or args.plot or args.list_shapes):
+    modes = [flag for flag, on in (("--train-step", args.train_step), ("--chain", args.chain),
+                                   ("--accuracy", args.accuracy)) if on]
+    if len(modes) > 1:
+        p.error(f"{' and '.join(modes)} are separate runs")
+    mode = modes[0] if modes else None
+    if mode in ("--train-step", "--chain") and (args.shapes or args.cpu_suite or args.plot
+                                                 or args.list_shapes):
         p.error(f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
                 "--list-shapes do not apply")
+    if mode == "--accuracy" and (args.quick or args.plot or args.list_shapes):
+        p.error("--accuracy times nothing: --quick, --plot and --list-shapes do not apply")
     if not args.train_step and (args.width or args.tokens or args.model or args.sequences):
         p.error("--model, --width, --tokens and --sequences go with --train-step")
     args.model = args.model or "mlp"
@@ -105,8 +126,8 @@ def parse_args(argv):
         p.error(f"--sizes takes whole numbers, got {args.sizes}")
     if args.chain_length < 1 or any(v < 1 for v in args.sizes or []):
         p.error("--sizes and --chain-length must be positive")
-    default_dtypes = (["bfloat16"] if args.train_step else list(CHAIN_DTYPES) if args.chain
-                      else ["float32"])
+    default_dtypes = {"--train-step": ["bfloat16"], "--chain": list(CHAIN_DTYPES),
+                      "--accuracy": ["float32", "bfloat16", "float16"]}.get(mode, ["float32"])
     args.dtype = _split(args.dtype) or default_dtypes
     args.precision = _split(args.precision)
     args.kernels = _split(args.kernels)
@@ -165,6 +186,8 @@ def main(argv=None) -> int:
         return train_step_main(parser, args, on_cpu, budget, info)
     if args.chain:
         return chain_main(parser, args, on_cpu, budget, info)
+    if args.accuracy:
+        return accuracy_main(parser, args, on_cpu, info)
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     args.shapes = args.shapes or default_shapes(args, on_cpu)
     print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
@@ -207,12 +230,14 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
     rows = run_train_steps(args, kernels, budget)
     print(heading(info))
     print(describe_train_step(model, size))
+    print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
     print(format_step_table(rows))
     if args.json:
         write_json(args.json, info, args, rows, train_step={
             "model_name": args.model, "width": args.width, "tokens": args.tokens,
             "sequences": args.sequences, "flops_per_step": step_flops(model, size),
-            "model": describe_train_step(model, size)})
+            "model": describe_train_step(model, size),
+            "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}"})
         print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "training step")
 
@@ -238,10 +263,38 @@ def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
     rows = run_chains(args, kernels, budget)
     print(heading(info))
     print(describe_chains(args.chain_length))
+    print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
     print(format_chain_table(rows))
     if args.json:
         write_json(args.json, info, args, rows, chains={
             "length": args.chain_length, "sizes": args.sizes,
-            "model": describe_chains(args.chain_length)})
+            "model": describe_chains(args.chain_length),
+            "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}"})
         print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "chain")
+
+
+def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
+    """--accuracy: the table last. Exit status 1 when a kernel failed other than by
+    refusing a product it was forced on, or when no row was measured; flags (targets
+    missed) leave it 0."""
+    import jax_tiled
+
+    kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
+    suite = "cpu" if on_cpu or args.cpu_suite else "gpu"
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+          f"accuracy of {args.dtype}", file=sys.stderr)
+
+    rows = run_accuracy(args, kernels, suite)
+    flagged = sum(bool(row.misses) for row in rows)
+    print(f"bench: {flagged} of {len(rows)} rows miss an accuracy target", file=sys.stderr)
+    if args.json:
+        write_json(args.json, info, args, None, accuracy={
+            "definitions": DEFINITIONS, "flags": LEGEND, "rows": json_rows(rows)})
+        print(f"wrote {args.json}", file=sys.stderr)
+    status = _report_failures([row for row in rows if not row.refused], "accuracy")
+    print(heading(info))
+    print(DEFINITIONS)
+    print(LEGEND)
+    print(format_accuracy_table(rows))
+    return status if any(row.error is None for row in rows) else 1

@@ -4,11 +4,20 @@ Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run on the same inputs through the same
 timing. The peer of a float32 row is `jnp.matmul` at the same precision,
 except that `high` (3xTF32) is compared with `highest` (PEER_PRECISION).
+
+Rows whose result is checked (the training step, the chains) are checked
+against a truth, not against the peer: on a GPU the peer's TF32 result is
+itself off, and a kernel more accurate than the peer must not fail for
+disagreeing with it. `judge_against_truth` is the one rule.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_tiled.bench.timing import Budget, Timing, time_products
@@ -22,18 +31,26 @@ PRECISIONS = ("default", "high", "highest")
 PEER_PRECISION = {"default": "default", "high": "highest", "highest": "highest"}
 
 
-def matmul_fn(precision: str, kernel: str):
-    """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the kernel `kernel`."""
+def matmul_fn(precision: str, kernel: str, out_dtype: str | None = None):
+    """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the kernel `kernel`;
+    the result in out_dtype (preferred_element_type; None: the operands' dtype)."""
     prec = lax.Precision(precision)
     if kernel == PEER:
         def mm(a, b):
-            return jnp.matmul(a, b, precision=prec)
+            return jnp.matmul(a, b, precision=prec, preferred_element_type=out_dtype)
     else:
         import jax_tiled
 
         def mm(a, b):
-            return jax_tiled.matmul(a, b, precision=prec, kernel=kernel)
+            return jax_tiled.matmul(a, b, precision=prec, preferred_element_type=out_dtype,
+                                    kernel=kernel)
     return mm
+
+
+def relative_distance(x, truth) -> float:
+    """||x - truth|| / ||truth|| (Frobenius) in float64; inf or nan when either is not finite."""
+    x, truth = np.asarray(x, np.float64), np.asarray(truth, np.float64)
+    return float(np.linalg.norm(x - truth) / max(np.linalg.norm(truth), np.finfo(float).tiny))
 
 
 class VersusPeer:
@@ -99,35 +116,92 @@ def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
     return rows
 
 
-def measure_agreeing_with_peers(precisions: list[str], kernels: list[str], measure, check,
-                                progress, label: str) -> list:
-    """measure_against_peers for rows whose result must agree with the peer's:
-    measure(precision, kernel) returns (row, result or None), and check(row,
-    result, peer's result) records how far apart they are, failing the row
-    past its tolerance."""
-    peer_results = {}
+# The truth a checked row is measured against: the same computation by the peer at
+# HIGHEST, on the operands widened to float32 (float64 stays float64): true fp32
+# on a GPU too, where the peer at DEFAULT runs TF32.
+TRUTH_PRECISION = "highest"
+TRUTH_TEXT = (f"err: relative distance to the truth, the same computation by {PEER} at "
+              f"precision {TRUTH_PRECISION} in float32 (float64 for float64)")
+
+# The tolerance: how far from the truth a result may be whatever the peer's distance.
+# A 16-bit step rounds its intermediates (h, y, the cotangents) to the dtype, where
+# the truth keeps them in float32, and that propagates through the later products: a
+# few units of the dtype's rounding (bfloat16 2^-8, float16 2^-11) with a margin.
+# float32 at default precision may run as TF32 (float16's mantissa), so it gets
+# float16's tolerance.
+AGREEMENT_TOL = {"bfloat16": 3e-2, "float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
+# Past the tolerance, a result may still be this many times as far from the truth as
+# the peer's: a peer that is itself off (TF32) widens what ours may be off by, and a
+# kernel that is closer than the peer always passes.
+PEER_ERR_FACTOR = 2.0
+AGREEMENT_TEXT = (f"a kernel's row fails when an err exceeds max(tol, {PEER_ERR_FACTOR:g}x the "
+                  f"err of {PEER} at its peer precision)")
+
+
+def agreement_tolerance(dtype: str, precision: str) -> float:
+    if dtype == "float32" and precision == "default":
+        return AGREEMENT_TOL["float16"]
+    return AGREEMENT_TOL[dtype]
+
+
+def truth_of(fn_of, operands):
+    """The truth for a computation fn_of(precision, kernel) -> fn: fn_of(TRUTH_PRECISION,
+    PEER) on the operands widened to float32 (float64 stays float64), as NumPy."""
+    widened = [x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in operands]
+    return jax.tree.map(np.asarray, jax.jit(fn_of(TRUTH_PRECISION, PEER))(*widened))
+
+
+def judge_against_truth(row, errs: dict[str, float], peer_errs: dict[str, float] | None,
+                        tolerance: float) -> None:
+    """Records a row's distances to the truth (errs, by quantity), its peer's
+    (peer_errs; None for the peer's own row, or when the peer failed) and the
+    tolerance; a kernel's row fails, with no ratio and exit status 1, when a
+    distance exceeds max(tolerance, PEER_ERR_FACTOR x the peer's), or is not finite."""
+    row.err, row.peer_err, row.tolerance = errs, peer_errs, tolerance
+    if row.is_peer:
+        return
+    allowed = {name: tolerance if peer_errs is None or not math.isfinite(peer_errs[name])
+               else max(tolerance, PEER_ERR_FACTOR * peer_errs[name]) for name in errs}
+    over = [name for name, err in errs.items() if not err <= allowed[name]]  # nan fails too
+    if over:
+        row.error = "disagrees with the truth: " + "; ".join(
+            f"{name} off by {errs[name]:.1e}"
+            + ("" if peer_errs is None else f" ({PEER}: {peer_errs[name]:.1e})")
+            + f", allowed {allowed[name]:.1e}" for name in over)
+
+
+def measure_agreeing_with_peers(precisions: list[str], kernels: list[str], measure, errs_of,
+                                truth, progress, label: str) -> list:
+    """measure_against_peers for rows whose result is checked: measure(precision,
+    kernel) returns (row, result or None), errs_of(result, truth) the result's
+    relative distance to the truth per quantity, and judge_against_truth decides
+    each row with its peer's distances."""
+    peer_errs = {}
 
     def one(precision, kernel):
         progress.describe(f"{label} {precision} {kernel}")
         row, result = measure(precision, kernel)
-        peer = peer_results.get(PEER_PRECISION[precision])
-        if row.is_peer:
-            peer_results[precision] = result
-        elif result is not None and peer is not None:
-            check(row, result, peer)
+        if result is not None:
+            errs = errs_of(result, truth)
+            if row.is_peer:
+                peer_errs[precision] = errs
+            peer = None if row.is_peer else peer_errs.get(PEER_PRECISION[precision])
+            judge_against_truth(row, errs, peer, agreement_tolerance(row.dtype, row.precision))
         progress.step()
         return row
 
     return measure_against_peers({p: kernels for p in precisions}, one)
 
 
-def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool) -> list[str]:
-    """The kernels to time on `dtype` at `precision`: without --kernels, only the
-    kernels that compute it (the others would be error rows: the tensor-core kernels
-    take float32 at default and high, not highest); named ones are timed as asked."""
+def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool,
+                out_dtype: str | None = None) -> list[str]:
+    """The kernels to time on `dtype` at `precision` (into out_dtype; None: dtype):
+    without --kernels, only the kernels that compute it (the others would be error
+    rows: the tensor-core kernels take float32 at default and high, not highest);
+    named ones are timed as asked."""
     if requested:
         return kernels
     import jax_tiled
 
-    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype), precision=precision))
+    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype), out_dtype, precision=precision))
     return [k for k in kernels if k == "auto" or k in takes]

@@ -18,9 +18,10 @@ from jax_tiled.bench.timing import Budget, choose_sets, random_sets
 CHECK_MAX_MNK = 1 << 31
 
 
-def product_fn(shape: Shape, precision: str, kernel: str):
-    """fn(a, b) for one product on the stored operands; `kernel` is PEER or a kernel name."""
-    mm = matmul_fn(precision, kernel)
+def product_fn(shape: Shape, precision: str, kernel: str, out_dtype: str | None = None):
+    """fn(a, b) for one product on the stored operands, into out_dtype (None: the
+    operands' dtype); `kernel` is PEER or a kernel name."""
+    mm = matmul_fn(precision, kernel, out_dtype)
     if shape.transpose == "tA":
         return lambda a_t, b: mm(a_t.mT, b)
     if shape.transpose == "tB":

@@ -16,6 +16,7 @@ import jax
 from jax_tiled.bench.harness import PEER_PRECISION
 
 if TYPE_CHECKING:
+    from jax_tiled.bench.accuracy import AccuracyRow
     from jax_tiled.bench.chains import ChainRow
     from jax_tiled.bench.products import Row
     from jax_tiled.bench.train_step import StepRow
@@ -84,23 +85,45 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _gbps_text(row: Row, hbm: float | None) -> str:
+def _gbps_cells(row: Row, hbm: float | None) -> tuple[str, str]:
+    """GB/s and its share of the device's HBM bandwidth: two cells, as the header has
+    two columns (the share once shared the GB/s cell, on GPUs only, and a whitespace
+    split of the line found more cells than columns)."""
     if row.gbps is None:
-        return "-"  # never empty: a blank cell shifts the columns of a whitespace split
-    text = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2f}"
-    return text + (f" ({100 * row.gbps / hbm:.0f}% HBM)" if hbm else "")
+        return "-", "-"
+    gbps = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2f}"
+    return gbps, _fmt(hbm and 100 * row.gbps / hbm, ".0f")
 
 
 def format_table(rows: list[Row], hbm: float | None) -> str:
-    head = ("shape", "dtype", "precision", "kernel", "sets", "ms", "TFLOP/s", "GB/s",
+    head = ("shape", "dtype", "precision", "kernel", "sets", "ms", "TFLOP/s", "GB/s", "%HBM",
             "x peer", "rel.err")
     return _text_table(head, rows, lambda row: _row_cells(row, hbm), left=4)
+
+
+def _check_cells(head: tuple[str, ...], cells: tuple[str, ...]) -> None:
+    """A row's cells fill the header's columns one for one, and none is empty or holds
+    whitespace, so that splitting a line on whitespace gives each column where the
+    header has it (tests and scripts read the tables so)."""
+    if len(cells) != len(head):
+        raise ValueError(f"table row has {len(cells)} cells against {len(head)} columns "
+                         f"{head}: {cells}")
+    bad = [c for c in cells if not c or any(ch.isspace() for ch in c)]
+    if bad:
+        raise ValueError(f"table cells must be non-empty words: {bad} in {cells}")
 
 
 def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
     """Aligned columns, the first `left` (what a row measures) flush left. A failed
     row shows those and the next cell, then its error in place of the numbers."""
-    cells = {id(row): cells_of(row) for row in rows}
+    cells = {}
+    for row in rows:
+        row_cells = tuple(cells_of(row))
+        if row.error:  # its numbers are none, and its error is prose after them
+            row_cells = row_cells[:left + 1] + ("",) * (len(head) - left - 1)
+        else:
+            _check_cells(head, row_cells)
+        cells[id(row)] = row_cells
     widths = [max(len(c[i]) for c in (head, *cells.values())) for i in range(len(head))]
 
     def line(values):
@@ -119,42 +142,66 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
 
 def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
     lead = (row.shape, row.dtype, row.precision, row.kernel, str(row.sets))
-    if row.error:
-        return lead + ("",) * 5
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
-    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), _gbps_text(row, hbm),
+    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), *_gbps_cells(row, hbm),
                    ratio, _fmt(row.rel_error, ".1e"))
+
+
+def _err_heads(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns of a checked row's distances to the truth: ours and the peer's per
+    quantity, then the tolerance (harness.judge_against_truth)."""
+    return (*(head for name in names for head in (f"{name}.err", f"jnp.{name}.err")), "tol")
+
+
+def _err_cells(row, names: tuple[str, ...]) -> tuple[str, ...]:
+    return (*(_fmt(errs and errs[name], ".1e") for name in names
+              for errs in (row.err, row.peer_err)), _fmt(row.tolerance, ".0e"))
+
+
+CHAIN_ERRS = ("x",)
 
 
 def format_chain_table(rows: list[ChainRow]) -> str:
     head = ("form", "size", "dtype", "precision", "kernel", "sets", "us/product", "TFLOP/s",
-            "x peer", "diff", "tol")
+            "x peer", *_err_heads(CHAIN_ERRS))
     return _text_table(head, rows, _chain_cells, left=5)
 
 
 def _chain_cells(row: ChainRow) -> tuple[str, ...]:
     lead = (row.form, str(row.size), row.dtype, row.precision, row.kernel, str(row.sets))
-    if row.error:
-        return lead + ("",) * 5
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (_fmt(row.us_per_product, ".2f"), _fmt(row.tflops, ".3f"), ratio,
-                   _fmt(row.diff, ".1e"), _fmt(row.tolerance, ".0e"))
+                   *_err_cells(row, CHAIN_ERRS))
+
+
+STEP_ERRS = ("loss", "grad")
 
 
 def format_step_table(rows: list[StepRow]) -> str:
     head = ("dtype", "precision", "kernel", "sets", "ms/step", "TFLOP/s", "x peer", "loss",
-            "loss diff", "grad diff", "tol")
+            *_err_heads(STEP_ERRS))
     return _text_table(head, rows, _step_cells, left=3)
 
 
 def _step_cells(row: StepRow) -> tuple[str, ...]:
     lead = (row.dtype, row.precision, row.kernel, str(row.sets))
-    if row.error:
-        return lead + ("",) * 7
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), ratio, _fmt(row.loss, ".5g"),
-                   _fmt(row.loss_diff, ".1e"), _fmt(row.grad_diff, ".1e"),
-                   _fmt(row.tolerance, ".0e"))
+                   *_err_cells(row, STEP_ERRS))
+
+
+def format_accuracy_table(rows: list[AccuracyRow]) -> str:
+    head = ("shape", "dtype", "out", "precision", "inputs", "kernel", "err", "jnp.err",
+            "err/jnp", "bias", "jnp.bias", "|bias|/jnp", "flag")
+    return _text_table(head, rows, _accuracy_cells, left=6)
+
+
+def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
+    flag = "ok" if not row.misses else "+".join(m.upper() for m in row.misses)
+    return (row.shape, row.dtype, row.out_dtype, row.precision, row.inputs, row.kernel,
+            _fmt(row.err, ".2e"), _fmt(row.peer_err, ".2e"), _fmt(row.err_ratio, ".2f"),
+            _fmt(row.bias, "+.1e"), _fmt(row.peer_bias, "+.1e"), _fmt(row.bias_ratio, ".2f"),
+            flag)
 
 
 def format_geomeans(summary: list[dict]) -> str:
@@ -219,10 +266,18 @@ def hbm_gbps(device_kind: str) -> float | None:
     return None
 
 
-def write_json(path: str, info: dict, args, rows: list, **sections) -> None:
-    doc = {**info, "argv": args.argv, "repeats": args.repeats, "warmup": args.warmup,
-           "peer_precision": PEER_PRECISION, "rows": [dataclasses.asdict(r) for r in rows],
-           **sections}
+def json_rows(rows: list) -> list[dict]:
+    return [dataclasses.asdict(r) for r in rows]
+
+
+def write_json(path: str, info: dict, args, rows: list | None, **sections) -> None:
+    """The device facts, the command line, the timed rows (None: a run that times
+    nothing, such as --accuracy, whose rows are in its section) and the sections."""
+    doc = {**info, "argv": args.argv}
+    if rows is not None:
+        doc.update(repeats=args.repeats, warmup=args.warmup, peer_precision=PEER_PRECISION,
+                   rows=json_rows(rows))
+    doc.update(sections)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
