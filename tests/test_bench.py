@@ -155,7 +155,7 @@ def test_train_step_passes_a_kernel_closer_to_the_truth_than_the_peer(tmp_path, 
     # The peer is far past the tolerance (ours is as far from the peer's result, which
     # failed ours when the peer was the reference), and ours is close to the truth.
     assert peer["err"]["grad"] > 5 * ours["tolerance"]
-    assert ours["err"]["grad"] < 1e-4 * peer["err"]["grad"]
+    assert ours["err"]["grad"] < min(ours["tolerance"], 1e-2 * peer["err"]["grad"])
 
 
 @pytest.mark.parametrize("err, peer_err, fails", [
@@ -344,7 +344,10 @@ def test_accuracy_measures_ours_and_the_peer_against_float64(tmp_path, capsys):
     assert measured and all(row["error"] is None for row in measured)
     for row in measured:
         bound = harness.agreement_tolerance(row["out_dtype"], row["precision"])
-        assert 0 <= row["err"] < bound and 0 <= row["peer_err"] < bound, row
+        # jnp.matmul at HIGH is a TF32 pass on a GPU (XLA's choice): its bound is DEFAULT's.
+        peer_bound = harness.agreement_tolerance(
+            row["out_dtype"], "default" if row["precision"] == "high" else row["precision"])
+        assert 0 <= row["err"] < bound and 0 <= row["peer_err"] < peer_bound, row
         assert abs(row["bias"]) <= 2 * row["err"] and abs(row["peer_bias"]) <= 2 * row["peer_err"]
         assert isinstance(row["misses"], list)
     # The table comes last, every measured row's cells under the header's columns.

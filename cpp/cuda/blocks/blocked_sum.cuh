@@ -1,4 +1,4 @@
-// Blocked summation: each kBlockedSumDepth of K is summed into a fresh partial
+// Blocked summation: each few hundred of K is summed into a fresh partial
 // sum, and the partial sums are added into the running total with ordinary
 // round-to-nearest adds.
 //
@@ -6,12 +6,11 @@
 // each addition relative to the whole running sum, so on inputs of one sign
 // the error grows like sqrt(K) (FFMA, round to nearest) or like K (the tensor
 // cores, which truncate each addition into their accumulator). cuBLAS splits
-// long K, and at 512 x 8192 x 512 float32 it was 7.6x (HIGHEST) and, once
-// TF32 operands were rounded, about 6x (DEFAULT) more accurate than one long
-// chain (H100, 2026-11-23). Two levels of sqrt(depth) and sqrt(K / depth)
-// terms, or K / 4 / depth truncations per partial, bring the error at K = 8192
-// to about half of cuBLAS's (NOTES.md, "Long sums"), for one add per
-// accumulator per 256 k: free next to 256 multiply-adds.
+// long K: at 512 x 8192 x 512 float32 one running sum was 7.6x its error at
+// HIGHEST, and, with TF32 operands rounded, about 6x at DEFAULT (H100,
+// 2026-11-23). Partial sums cost one add per accumulator per partial, free
+// next to the partial's multiply-adds (NOTES.md, "Long sums", has the
+// measurements that chose the depths below).
 //
 // It costs a second set of accumulators, so a kernel blocks its sums only
 // where its register budget holds both (RoomForBlockedSum); `Accumulators`
@@ -25,8 +24,13 @@
 
 namespace jax_tiled::cuda {
 
-// K per partial sum. 256 is a multiple of every kernel's slab depth.
-inline constexpr int kBlockedSumDepth = 256;
+// K per partial sum where each addition rounds to nearest (FFMA, the SIMT
+// kernels): the error of a two-level sum is smallest near sqrt(K) terms a
+// level, and 128 is near that over the K of 1000 to 8192 where it matters.
+inline constexpr int kRoundedSumDepth = 128;
+// K per partial sum on the tensor cores, where the truncation of each
+// addition leans one way and so grows with the partial's depth: shallower.
+inline constexpr int kTruncatedSumDepth = 64;
 
 // Whether `threads_per_sm` threads (the block times the blocks that must fit
 // on an SM) can each hold two sets of `accumulators` 4-byte accumulators and
@@ -61,15 +65,15 @@ __device__ __forceinline__ void SetZero(T (&x)[N]) {
 
 // A thread's accumulators (Acc: a scalar or an array of any rank) for a
 // mainloop that adds kSlabDepth of K per slab into `partial`. kBlocked: the
-// partial sum starts afresh every kBlockedSumDepth of K (EndSlab moves it into
-// the total); otherwise `partial` is the one running sum.
-template <class Acc, int kSlabDepth, bool kBlocked>
+// partial sum starts afresh every kDepth of K (EndSlab moves it into the
+// total); otherwise `partial` is the one running sum.
+template <class Acc, int kSlabDepth, bool kBlocked, int kDepth = kRoundedSumDepth>
 struct Accumulators;
 
-template <class Acc, int kSlabDepth>
-struct Accumulators<Acc, kSlabDepth, true> {
-  static_assert(kBlockedSumDepth % kSlabDepth == 0, "a partial sum is whole slabs");
-  static constexpr int kSlabsPerPartial = kBlockedSumDepth / kSlabDepth;
+template <class Acc, int kSlabDepth, int kDepth>
+struct Accumulators<Acc, kSlabDepth, true, kDepth> {
+  static_assert(kDepth % kSlabDepth == 0, "a partial sum is whole slabs");
+  static constexpr int kSlabsPerPartial = kDepth / kSlabDepth;
   Acc partial, total;
 
   __device__ __forceinline__ Accumulators() {
@@ -87,8 +91,8 @@ struct Accumulators<Acc, kSlabDepth, true> {
   }
 };
 
-template <class Acc, int kSlabDepth>
-struct Accumulators<Acc, kSlabDepth, false> {
+template <class Acc, int kSlabDepth, int kDepth>
+struct Accumulators<Acc, kSlabDepth, false, kDepth> {
   Acc partial;
 
   __device__ __forceinline__ Accumulators() { SetZero(partial); }

@@ -7,7 +7,7 @@
 // multiply-adds from shared memory. Each global element is thus fetched once per
 // block instead of once per thread, cutting global traffic by a factor of kTile.
 // Loads past the matrix edges write zeros, so the inner loop needs no guards.
-// Each 256 of K is summed afresh before joining the total (blocked_sum.cuh).
+// Each 128 of K is summed afresh before joining the total (blocked_sum.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

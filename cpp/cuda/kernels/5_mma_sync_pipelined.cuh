@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // The split path sums each slab afresh already (MmaSlab); one pass blocks
     // its sums where the registers allow.
     Accumulators<float[Cfg::kTilesM][Cfg::kTilesN][4], Cfg::kSlab,
-                 !kSplit && Cfg::kRoomForBlockedSum>
+                 !kSplit && Cfg::kRoomForBlockedSum, kTruncatedSumDepth>
         acc;
 #pragma unroll
     for (int s = 0; s < Cfg::kStages - 1; ++s) issue(s, s);

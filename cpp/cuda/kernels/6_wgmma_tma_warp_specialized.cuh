@@ -20,7 +20,7 @@
 //   store the last one.
 //
 // Sums over K: the tensor cores truncate each addition into the accumulator,
-// so where the registers allow (128-wide tiles) each 256 of K goes into a
+// so where the registers allow (128-wide tiles) each 64 of K goes into a
 // fresh partial sum first (blocked_sum.cuh); 3xTF32 sums every slab afresh.
 //
 // float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
@@ -266,12 +266,12 @@ struct WgmmaConsumer {
   using Tiles = typename Stages::Tiles;
   using A = AFragments<Ops, Tiles::kSteps>;
 
-  // One pass sums each kBlockedSumDepth of K into `partial` first where the
-  // registers allow; 3xTF32 sums each slab there (tf32.cuh). Either way acc
-  // collects the partial sums with rounded float adds.
+  // One pass sums each kTruncatedSumDepth of K into `partial` first where
+  // the registers allow; 3xTF32 sums each slab there (tf32.cuh). Either way
+  // acc collects the partial sums with rounded float adds.
   static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
-  static constexpr int kSlabsPerPartial = kBlocked ? kBlockedSumDepth / Tiles::kSlab : 1;
-  static_assert(kBlockedSumDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
+  static constexpr int kSlabsPerPartial = kBlocked ? kTruncatedSumDepth / Tiles::kSlab : 1;
+  static_assert(kTruncatedSumDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
 
   float acc[Cfg::kBlockN / 2];
   float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
