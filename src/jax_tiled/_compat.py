@@ -9,11 +9,14 @@ gains a public equivalent, replace the entry and delete it here.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 from jax import lax
 
 __all__ = ["DropVar", "Offloadable", "Recompute", "bind_with_params", "cast_to_varying",
-           "convert_keeping_weak_type", "jaxprs_in_params", "lower_with_sharding_in_types",
-           "require_devices_during_lowering", "varying_axes"]
+           "convert_keeping_weak_type", "inline_jit", "jaxprs_in_params",
+           "lower_with_sharding_in_types", "require_devices_during_lowering", "varying_axes"]
 
 # Private, needed by every supported version (0.8.0 through 0.11 at least):
 # jit hands the device assignment to lowering only when the jaxpr holds a
@@ -37,6 +40,10 @@ from jax._src.interpreters.mlir import lower_with_sharding_in_types
 #   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
 from jax._src.core import DropVar, jaxprs_in_params
 from jax._src.lax.lax import _convert_element_type as convert_keeping_weak_type
+
+# Private, needed by every supported version: the class of traced values, to
+# tell a call made while tracing from an eager one (inline_jit below).
+from jax._src.core import Tracer
 
 # Private, needed by every supported version: what a remat policy returns for a
 # value to recompute or to move to another memory kind. jax's own policies
@@ -72,3 +79,24 @@ def cast_to_varying(x, axes: tuple[str, ...]):
     if hasattr(lax, "pcast"):
         return lax.pcast(x, axes, to="varying")
     return lax.pvary(x, axes)
+
+
+def inline_jit(*, static_argnames: tuple[str, ...]):
+    """`jax.jit(fn, inline=True, static_argnames=...)`, inlined while tracing.
+
+    Called eagerly, the compiled function; called while tracing, `fn` itself,
+    so its operations join the caller's jaxpr with no call between them. jax
+    up to 0.10 does this for inline=True; jax 0.11 keeps the call in the
+    jaxpr and lowers its body as a separate MLIR function, where an operand's
+    producer (a transpose the CPU lowering folds into the kernel's flag,
+    `_lowering._read_as_stored`) is a function argument it cannot see."""
+    def wrap(fn):
+        jitted = jax.jit(fn, inline=True, static_argnames=static_argnames)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if any(isinstance(x, Tracer) for x in jax.tree.leaves((args, kwargs))):
+                return fn(*args, **kwargs)
+            return jitted(*args, **kwargs)
+        return call
+    return wrap

@@ -16,7 +16,6 @@ An operand that fits no order is transposed once into [batch][free][contracted]
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_tiled._compat import inline_jit
 from jax_tiled._matmul import (DTypeLike, PrecisionLike, _array_like, _check_float, _check_kernel,
                                _hashable, check_operand_dtypes, check_precision,
                                reshard_result)
@@ -181,7 +181,8 @@ def _size(shape, dims):
     return math.prod(shape[d] for d in dims)
 
 
-@functools.partial(jax.jit, inline=True, static_argnames=(
+# Inside a traced function the plain computation, no call in the jaxpr.
+@inline_jit(static_argnames=(
     "dimension_numbers", "precision", "preferred_element_type", "out_sharding", "kernel"))
 def _dot_general_jit(lhs, rhs, *, dimension_numbers, precision, preferred_element_type,
                      out_sharding, kernel):

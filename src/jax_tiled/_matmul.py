@@ -15,7 +15,6 @@ memory over jnp's one).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from jax_tiled import _ffi, _presets, _sharding
+from jax_tiled._compat import inline_jit
 from jax_tiled._primitive import (PRECISION_CODES, SUPPORTED_DTYPES, check_kernel_runs,
                                   tiled_matmul)
 
@@ -290,9 +290,8 @@ def reshard_result(out, out_sharding):
     return jax.sharding.reshard(out, out_sharding)
 
 
-# inline: inside a traced function this is the plain computation, no call in the jaxpr.
-@functools.partial(jax.jit, inline=True, static_argnames=(
-    "precision", "preferred_element_type", "out_sharding", "kernel"))
+# Inside a traced function the plain computation, no call in the jaxpr.
+@inline_jit(static_argnames=("precision", "preferred_element_type", "out_sharding", "kernel"))
 def _matmul_jit(a, b, *, precision, preferred_element_type, out_sharding, kernel):
     a3, b3, plan = _canonicalize(a, b, precision, preferred_element_type, kernel)
     out = tiled_matmul(a3, b3, out_dtype=plan.out_dtype, precision=plan.precision,
