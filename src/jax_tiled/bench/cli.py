@@ -213,7 +213,8 @@ def main(argv=None) -> int:
 
 
 def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
-    """--train-step: exit status 1 when any step failed or disagreed with the peer's."""
+    """--train-step: exit status 1 when any step failed or was off from the truth
+    (harness.judge_against_truth)."""
     import jax_tiled
 
     kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
@@ -251,7 +252,8 @@ def _report_failures(rows, what: str) -> int:
 
 
 def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
-    """--chain: exit status 1 when any chain failed or disagreed with the peer's."""
+    """--chain: exit status 1 when any chain failed or was off from the truth
+    (harness.judge_against_truth)."""
     import jax_tiled
 
     kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
