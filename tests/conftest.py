@@ -5,9 +5,9 @@ always, and on "cuda" as a test marked `gpu`. Without a GPU those skip, unless
 JAX_TILED_REQUIRE_GPU=1, which turns the skip into a failure so that a GPU run
 cannot pass by skipping.
 
-Tests import the installed package: the src/ layout keeps the source tree's
-jax_tiled off sys.path, so `python -m pytest` from the repository root needs no
-path edits here.
+Tests import the installed package: `python -P -m pytest` (the README's
+command) keeps the repository root, and with it the uncompiled source tree
+jax_tiled/, off sys.path.
 """
 
 from __future__ import annotations

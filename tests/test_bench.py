@@ -437,8 +437,9 @@ def test_accuracy_default_shapes_add_a_long_k_for_a_float32_output():
 
 
 def test_module_entry_point_lists_the_suites():
-    """`python -m jax_tiled.bench` runs the package's __main__."""
-    result = subprocess.run([sys.executable, "-m", "jax_tiled.bench", "--list-shapes"],
+    """`python -P -m jax_tiled.bench` (the README's command, from any folder)
+    runs the package's __main__."""
+    result = subprocess.run([sys.executable, "-P", "-m", "jax_tiled.bench", "--list-shapes"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "GPU suite: 512^3" in result.stdout and "CPU --quick: 256^3" in result.stdout

@@ -1,9 +1,16 @@
-"""The installed package: its version is written once, its metadata agrees, and
-it ships its license and its type-annotation marker."""
+"""The installed package: its version is written once, its metadata agrees, it
+ships its license and its type-annotation marker, and the source tree cannot
+stand in for it."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 import jax_tiled
 
@@ -22,3 +29,31 @@ def test_type_annotations_are_shipped():
     """py.typed marks the package as typed (PEP 561) for type checkers."""
     files = importlib.metadata.files("jax_tiled") or []
     assert any(f.name == "py.typed" for f in files), files
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    """Python started in the repository root, as the README's commands are."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_source_tree_is_not_imported_by_accident():
+    """From the repository root, plain `python` finds the uncompiled source tree
+    first: importing it fails at once and says what to do; `python -P` (the
+    README's commands) imports the installed package."""
+    if not (ROOT / "jax_tiled" / "__init__.py").exists():
+        pytest.skip("not run from a checkout")
+    if Path(jax_tiled.__file__).resolve().parent == ROOT / "jax_tiled":
+        pytest.skip("an editable install imports the source tree on purpose")
+    plain = _python("-c", "import sys\ntry:\n import jax_tiled\nexcept ImportError as e:\n"
+                          " print(e)\n print('jax imported:', 'jax' in sys.modules)")
+    assert plain.returncode == 0, plain.stderr
+    assert "pip install ." in plain.stdout and "python -P" in plain.stdout, plain.stdout
+    assert plain.stdout.strip().endswith("jax imported: False"), plain.stdout  # at once
+    safe = _python("-P", "-c", "import jax_tiled; print(jax_tiled.__file__)")
+    assert safe.returncode == 0, safe.stderr
+    assert Path(safe.stdout.strip()).resolve() == Path(jax_tiled.__file__).resolve()

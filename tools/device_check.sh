@@ -8,7 +8,9 @@
 # pytest paths, relative to the repository (default: tests, all of them).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
-export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
+# PYTHONSAFEPATH: Python run here, in the repository root, imports the installed
+# package, not the uncompiled source tree jax_tiled/ (as `python -P`).
+export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 steps=${STEPS:-tests sanitize bench}
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
@@ -21,7 +23,7 @@ if ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; th
 fi
 note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 
-repo=$PWD  # with the src/ layout, Python here imports the installed package
+repo=$PWD
 
 if [[ " $steps " == *" tests "* ]]; then
   test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done

@@ -9,6 +9,17 @@
     jax_tiled.explain(a, b)                       # which kernel "auto" runs for them, and why
 """
 
+import importlib.util as _util
+
+# The source tree's jax_tiled/ holds no compiled modules: fail here, before
+# anything imports jax, and say how to get the installed package.
+if _util.find_spec("jax_tiled._cpu") is None:
+    raise ImportError(
+        f"jax_tiled is being imported from a source tree ({__path__[0]}) that has no compiled "
+        "modules. Install the package with `pip install .`, then import the installed one: "
+        "run Python outside the repository root, or with `python -P` (PYTHONSAFEPATH=1), "
+        "which keeps the current directory off sys.path.")
+
 from jax_tiled import checkpoint_policies
 from jax_tiled._dot_general import dot_general, einsum
 from jax_tiled._export import export_disabled_checks
