@@ -33,8 +33,9 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_tiled import _compat, _ffi, _presets, _sharding
-from jax_tiled._primitive import PRECISION_CODES, check_kernel_runs, problem_dims, tiled_matmul_p
+from jax_tiled import _canonical, _compat, _ffi, _presets, _sharding
+from jax_tiled._ffi import PRECISION_CODES
+from jax_tiled._primitive import check_kernel_runs, tiled_matmul_p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +50,10 @@ class Product:
 
 
 def ffi_product(a, b, product: Product, out_dtype):
-    """The FFI call on canonical operands (batch of 1 or B; see _primitive),
+    """The FFI call on canonical operands (batch of 1 or B; see _canonical),
     into `out_dtype`, with its attributes as explicit numpy scalars."""
-    batch = a.shape[0] if b.shape[0] == 1 else b.shape[0]
-    m = a.shape[2] if product.transpose_a else a.shape[1]
-    n = b.shape[1] if product.transpose_b else b.shape[2]
+    batch, m, n, _ = _canonical.problem_dims(a.shape, b.shape, product.transpose_a,
+                                             product.transpose_b)
     call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
     return call(a, b, transpose_a=np.bool_(product.transpose_a),
                 transpose_b=np.bool_(product.transpose_b),
@@ -141,7 +141,8 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
-    _batch, m, n, k = problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a,
+                                              transpose_b)
     check_kernel_runs(platform, kernel, run.operand_dtype, run.product_dtype,
                       (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
                       run.precision)

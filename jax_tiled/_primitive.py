@@ -1,17 +1,11 @@
 """The `tiled_matmul` primitive: abstract eval, autodiff and batching.
 
 Its lowering, the FFI call behind the partitioning rule, is `_lowering.py`'s.
-
-Canonical form, all arrays row-major:
-
-    a: (Ba, M, K), or (Ba, K, M) when transpose_a
-    b: (Bb, K, N), or (Bb, N, K) when transpose_b
-    result: (B, M, N) of out_dtype, with Ba, Bb in {1, B}
-
-A batch of 1 is broadcast by the kernel through a zero batch stride. Params
-(all static): transpose_a, transpose_b (bool), out_dtype (np.dtype),
-precision (lax.Precision, or a lax.DotAlgorithmPreset that the lowering
-resolves for its platform through `_presets`), kernel (str: "auto" or a kernel name).
+Its operands are in the canonical form of `_canonical.py`: a (Ba, M, K) or
+(Ba, K, M), b (Bb, K, N) or (Bb, N, K), the result (B, M, N). Params (all
+static): transpose_a, transpose_b (bool), out_dtype (np.dtype), precision
+(lax.Precision, or a lax.DotAlgorithmPreset that the lowering resolves for its
+platform through `_presets`), kernel (str: "auto" or a kernel name).
 """
 
 from __future__ import annotations
@@ -25,10 +19,9 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jax_tiled import _ffi, _presets, _sharding
+from jax_tiled import _canonical, _ffi, _presets, _sharding
+from jax_tiled._canonical import SUPPORTED_DTYPES
 from jax_tiled._ffi import PRECISION_CODES
-
-SUPPORTED_DTYPES = tuple(map(np.dtype, (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)))
 
 tiled_matmul_p = Primitive("tiled_matmul")
 _PARAMS = ("transpose_a", "transpose_b", "out_dtype", "precision", "kernel")
@@ -43,24 +36,6 @@ def tiled_matmul(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None,
                                out_dtype=out_dtype, precision=precision, kernel=kernel)
 
 
-def problem_dims(a_shape, b_shape, transpose_a, transpose_b):
-    """(B, M, N, K) of a canonical problem, or a TypeError naming the shapes."""
-    if len(a_shape) != 3 or len(b_shape) != 3:
-        raise TypeError(f"tiled_matmul: operands must have rank 3, got shapes {a_shape} and {b_shape}")
-    ba, bb = a_shape[0], b_shape[0]
-    m, k = (a_shape[2], a_shape[1]) if transpose_a else (a_shape[1], a_shape[2])
-    n, kb = (b_shape[1], b_shape[2]) if transpose_b else (b_shape[2], b_shape[1])
-    if k != kb:
-        raise TypeError(
-            f"tiled_matmul: contracting dimensions differ: a{tuple(a_shape)} has K={k} and "
-            f"b{tuple(b_shape)} has K={kb} (transpose_a={transpose_a}, transpose_b={transpose_b})")
-    # Not max/min: a symbolic batch (jax.export) cannot be ordered against 1.
-    batch = bb if ba == 1 else ba
-    if ba not in (1, batch) or bb not in (1, batch):
-        raise TypeError(f"tiled_matmul: operand batches {ba} and {bb} must each be 1 or the same size")
-    return batch, m, n, k
-
-
 def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
     for dtype in (a.dtype, b.dtype, out_dtype):
         if np.dtype(dtype) not in SUPPORTED_DTYPES:
@@ -71,7 +46,7 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
     if precision not in PRECISION_CODES and not _presets.is_preset(precision):
         raise TypeError("tiled_matmul: precision must be a lax.Precision or a "
                         f"lax.DotAlgorithmPreset, got {precision!r}")
-    batch, m, n, _ = problem_dims(a.shape, b.shape, transpose_a, transpose_b)
+    batch, m, n, _ = _canonical.problem_dims(a.shape, b.shape, transpose_a, transpose_b)
     return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
 
@@ -92,10 +67,6 @@ def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) ->
 
 # ---- Autodiff: the product is bilinear, and each cotangent is another product ----
 
-def _accumulation_dtype(dtype) -> np.dtype:
-    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
-
-
 def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     """x @ y through the kernel, reduced over the batch when the operand whose
     cotangent this is was broadcast (batch 1) against a larger batch."""
@@ -107,7 +78,7 @@ def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
         # (Not where explicit mesh axes split the batch: jax cannot type that merge.)
         rows = lambda z: z.reshape(1, z.shape[0] * z.shape[1], z.shape[2])
         x, y, reduce = rows(x), rows(y), False
-    product_dtype = _accumulation_dtype(ct_aval.dtype) if reduce else ct_aval.dtype
+    product_dtype = _canonical.accumulation_dtype(ct_aval.dtype) if reduce else ct_aval.dtype
     g = tiled_matmul_p.bind(x, y, out_dtype=product_dtype, **params)
     if reduce:
         g = jnp.sum(g, axis=0, keepdims=True)
@@ -146,7 +117,7 @@ def _batch(args, dims, **params):
     vmapped = (a if a_mapped else b).shape[0]
     a_batch = a.shape[1] if a_mapped else a.shape[0]
     b_batch = b.shape[1] if b_mapped else b.shape[0]
-    batch = max(a_batch, b_batch) if min(a_batch, b_batch) else 0
+    batch = _canonical.batch(a_batch, b_batch)
 
     # vmap of a plain (batch 1) product over a only: one product with taller a.
     if a_mapped and not b_mapped and not params["transpose_a"] and a_batch == 1 and b_batch == 1:

@@ -8,7 +8,7 @@ kernel computes the next (on GPU, collective-permutes are asynchronous). The
 schedule is static: every device adds the same partial products in the same
 order on every run.
 
-Operands are in the canonical stored layout of `_primitive`: a is (Ba, M, K) or
+Operands are in the canonical stored layout of `_canonical`: a is (Ba, M, K) or
 (Ba, K, M), b is (Bb, K, N) or (Bb, N, K), the result (B, M, N).
 """
 
@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+
+from jax_tiled import _canonical
 
 RESULT_DIM = {"batch": 0, "m": 1, "n": 2}
 
@@ -61,7 +62,7 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
     behind the next step's product.
     """
     (_, am, _), (_, _, bn) = dims
-    batch = a.shape[0] if b.shape[0] == 1 else b.shape[0]
+    batch = _canonical.batch(a.shape[0], b.shape[0])
     size = {"batch": batch, "m": a.shape[am], "n": b.shape[bn]}[factor]
     block = -(-size // n)
     q = -(-block // pieces)
@@ -140,6 +141,3 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
         moving = following
     return lax.slice_in_dim(out, 0, size, axis=out_dim)
 
-
-def accumulation_dtype(out_dtype) -> np.dtype:
-    return np.dtype(np.float64 if np.dtype(out_dtype) == np.float64 else np.float32)

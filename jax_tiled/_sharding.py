@@ -49,23 +49,15 @@ from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, 
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxlib.mlir import ir
 
-from jax_tiled import _compat, _rings, overlap
+from jax_tiled import _canonical, _compat, _rings, overlap
+from jax_tiled._canonical import positions
 
 FACTORS = ("batch", "m", "n", "k")
 
 
-def _dims(transpose_a: bool, transpose_b: bool):
-    """Positions of (batch, M, K) in stored a and of (batch, K, N) in stored b."""
-    return (0, 2, 1) if transpose_a else (0, 1, 2), (0, 2, 1) if transpose_b else (0, 1, 2)
-
-
-def _batch(a_shape, b_shape) -> int:
-    return a_shape[0] if b_shape[0] == 1 else b_shape[0]
-
-
 def _sizes(transpose_a, transpose_b, a_shape, b_shape) -> dict[str, int]:
-    (_, am, ak), (_, _, bn) = _dims(transpose_a, transpose_b)
-    return dict(batch=_batch(a_shape, b_shape), m=a_shape[am], n=b_shape[bn], k=a_shape[ak])
+    batch, m, n, k = _canonical.problem_dims(a_shape, b_shape, transpose_a, transpose_b)
+    return dict(batch=batch, m=m, n=n, k=k)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -88,22 +80,22 @@ def _spec(sharding, ndim: int = 3) -> list[tuple[str, ...]]:
 
 def _operand_axes(transpose_a, transpose_b, a_shape, a_sharding, b_shape, b_sharding):
     """factor -> the mesh axes each operand splits it on (a broadcast batch splits nothing)."""
-    (ab, am, ak), (bb, bk, bn) = _dims(transpose_a, transpose_b)
+    (ab, am, ak), (bb, bk, bn) = positions(transpose_a, transpose_b)
     a, b = _spec(a_sharding), _spec(b_sharding)
-    batch = _batch(a_shape, b_shape)
+    batch = _canonical.batch(a_shape[0], b_shape[0])
     return {"batch": [a[ab]] * (a_shape[0] == batch) + [b[bb]] * (b_shape[0] == batch),
             "m": [a[am]], "n": [b[bn]], "k": [a[ak], b[bk]]}
 
 
 def _operand_specs(transpose_a, transpose_b, a_shape, b_shape, assignment):
     """PartitionSpecs of a and b that split each factor on its assigned axes."""
-    batch = _batch(a_shape, b_shape)
+    batch = _canonical.batch(a_shape[0], b_shape[0])
     def place(dims, shape, factors):
         spec = [None] * 3
         for d, factor in zip(dims, factors):
             spec[d] = _entry(assignment[factor]) if factor != "batch" or shape[0] == batch else None
         return P(*spec)
-    a_dims, b_dims = _dims(transpose_a, transpose_b)
+    a_dims, b_dims = positions(transpose_a, transpose_b)
     return place(a_dims, a_shape, ("batch", "m", "k")), place(b_dims, b_shape, ("batch", "k", "n"))
 
 
@@ -241,7 +233,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                     and wanted[d] == k_axes and sizes[f] % k_split == 0), None)
     if scatter is not None:
         out_axes[scatter] = k_axes
-    dims = _dims(*flags)
+    dims = positions(*flags)
     (_, _, ak), (_, bk, _) = dims
     operand_assignment = dict(assignment)
     gather = None
@@ -282,7 +274,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             b = _zero_k_padding(b, bk, k_axes, sizes["k"])
         # Partial sums stay in the accumulation type until summed, so that a
         # 16-bit result is rounded once, as on one device.
-        acc = _rings.accumulation_dtype(product.out_dtype)
+        acc = _canonical.accumulation_dtype(product.out_dtype)
         if ring_k:
             return _rings.reduce_scatter_ring(call, product, a, b, axes=k_axes, n=k_split,
                                               factor=chunked, dims=dims, pieces=pieces,
@@ -309,7 +301,7 @@ def _sharding_rule(product, settings, mesh, operand_types, result_types):
     a factor of its own: its size-1 dimension cannot follow the result's."""
     a_batch, b_batch, batch = (ir.RankedTensorType(t).shape[0]
                                for t in (*operand_types, *result_types))
-    a_dims, b_dims = _dims(product.transpose_a, product.transpose_b)
+    a_dims, b_dims = positions(product.transpose_a, product.transpose_b)
     def mapping(dims, own_batch, batch_factor, factors):
         names = dict(zip(dims, ("batch" if own_batch == batch else batch_factor, *factors)))
         return ArrayMapping(*(names[d] for d in range(3)))
