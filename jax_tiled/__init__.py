@@ -7,6 +7,7 @@
     jax.checkpoint(f, policy=jax_tiled.checkpoint_policies.dots_saveable)
     jax_tiled.kernels()                           # kernels usable on the default backend
     jax_tiled.explain(a, b)                       # which kernel "auto" runs for them, and why
+    jax_tiled.explain(a, b).kernel                # ... as fields: kernel, reason, plan, problem
 """
 
 import importlib.util as _util
@@ -22,12 +23,13 @@ if _util.find_spec("jax_tiled._cpu") is None:
 
 from jax_tiled import checkpoint_policies
 from jax_tiled._dot_general import dot_general, einsum
+from jax_tiled._explain import Explanation, explain, kernels
 from jax_tiled._export import export_disabled_checks
-from jax_tiled._matmul import explain, kernels, matmul
+from jax_tiled._matmul import matmul
 from jax_tiled._primitive import tiled_matmul_p
 from jax_tiled._tiled import tiled
 from jax_tiled import _lowering  # noqa: F401  (registers the primitive's lowering rules)
 
-__all__ = ["checkpoint_policies", "dot_general", "einsum", "explain", "export_disabled_checks",
-           "kernels", "matmul", "tiled", "tiled_matmul_p"]
+__all__ = ["Explanation", "checkpoint_policies", "dot_general", "einsum", "explain",
+           "export_disabled_checks", "kernels", "matmul", "tiled", "tiled_matmul_p"]
 __version__ = "0.1.0"

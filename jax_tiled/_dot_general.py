@@ -1,4 +1,4 @@
-"""`jax_tiled.dot_general`: `lax.dot_general` semantics on the canonical primitive.
+"""`jax_tiled.dot_general`, and the one path from a product to the primitive.
 
 `dot_general` contracts any dimensions of either operand with any of the
 other's and carries any number of batch dimensions anywhere. The primitive
@@ -11,6 +11,12 @@ operands agree, so the order is chosen to fit the operands as they are stored.
 An operand that fits no order is transposed once into [batch][free][contracted]
 (lhs) or [batch][contracted][free] (rhs). The result `(B, M, N)` reshapes to
 `lax.dot_general`'s (batch, lhs free, rhs free) order without a copy.
+
+`matmul` (`_matmul.py`) states its product as dimension numbers and takes the
+same path, `product`, as `jnp.matmul` is built on `lax.dot_general`. It adds
+one thing, NumPy's broadcasting of batches: paired batch dimensions may differ
+where one of them is 1. An operand whose whole batch is 1 is broadcast by the
+kernel (a zero batch stride); any other broadcast is materialised.
 """
 
 from __future__ import annotations
@@ -25,13 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_tiled import _checks
+from jax_tiled._checks import DTypeLike, PrecisionLike
 from jax_tiled._compat import inline_jit
-from jax_tiled._matmul import (DTypeLike, PrecisionLike, _array_like, _check_float, _check_kernel,
-                               _hashable, check_operand_dtypes, check_precision,
-                               reshard_result)
 from jax_tiled._primitive import tiled_matmul
 
-_API = "jax_tiled.dot_general"
+API = "jax_tiled.dot_general"
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
@@ -59,10 +64,10 @@ def dot_general(lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike,
     It can be passed as `dot_general=` to `flax.linen.Dense`/`DenseGeneral` and
     `flax.nnx.Linear`/`LinearGeneral`, and as `_dot_general=` to `jnp.einsum`.
     """
-    kernel = _check_kernel(kernel)
-    return _dot_general_jit(_array_like(lhs), _array_like(rhs),
-                            dimension_numbers=_dimension_numbers(dimension_numbers),
-                            precision=_hashable(precision),
+    kernel = _checks.kernel(kernel, API)
+    return _dot_general_jit(_checks.array_like(lhs), _checks.array_like(rhs),
+                            dimension_numbers=_checks.dimension_numbers(dimension_numbers, API),
+                            precision=_checks.hashable(precision),
                             preferred_element_type=preferred_element_type,
                             out_sharding=out_sharding, kernel=kernel)
 
@@ -73,57 +78,87 @@ def einsum(subscripts: str, /, *operands: jax.typing.ArrayLike, **kwargs: Any) -
     return jnp.einsum(subscripts, *operands, _dot_general=dot_general, **kwargs)
 
 
-def _dimension_numbers(dimension_numbers) -> tuple:
-    """((lc, rc), (lb, rb)) as tuples of Python ints, or a TypeError."""
-    def index(d):
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise TypeError
-        return int(d)
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        return tuple(tuple(tuple(map(index, group)) for group in pair)
-                     for pair in ((lc, rc), (lb, rb)))
-    except (TypeError, ValueError):
-        raise TypeError(f"{_API}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
-                        f"(lhs_batch, rhs_batch)), sequences of ints; got "
-                        f"{dimension_numbers!r}") from None
+# Inside a traced function the plain computation, no call in the jaxpr.
+@inline_jit(static_argnames=(
+    "dimension_numbers", "precision", "preferred_element_type", "out_sharding", "kernel"))
+def _dot_general_jit(lhs, rhs, *, dimension_numbers, precision, preferred_element_type,
+                     out_sharding, kernel):
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    _checks.dot_general_shapes(lhs.shape, rhs.shape, dimension_numbers, API)
+    dtype = _checks.dot_general_dtype(lhs.dtype, rhs.dtype, API)
+    request = Request(dtype, _checks.out_dtype(dtype, preferred_element_type, API),
+                      _checks.precision(precision, API), kernel)
+    return product(lhs, rhs, dimension_numbers, request, out_sharding)
 
 
-def _check_dimensions(lhs_shape, rhs_shape, dims) -> None:
-    """lax.dot_general's checks, as TypeErrors naming the shapes."""
-    (lc, rc), (lb, rb) = dims
-    for side, shape, contract, batch in (("lhs", lhs_shape, lc, lb), ("rhs", rhs_shape, rc, rb)):
-        bad = [d for d in contract + batch if not 0 <= d < len(shape)]
-        if bad:
-            raise TypeError(f"{_API}: {side} dimensions {bad} out of range for {side} of shape "
-                            f"{tuple(shape)} (contracting {contract}, batch {batch})")
-        if len(set(contract + batch)) != len(contract + batch):
-            raise TypeError(f"{_API}: {side} contracting {contract} and batch {batch} dimensions "
-                            "must be distinct")
-    for kind, l, r in (("contracting", lc, rc), ("batch", lb, rb)):
-        if len(l) != len(r):
-            raise TypeError(f"{_API}: lhs and rhs need as many {kind} dimensions, got {l} and {r}")
-        for i, j in zip(l, r):
-            if lhs_shape[i] != rhs_shape[j]:
-                raise TypeError(
-                    f"{_API}: {kind} dimensions differ: lhs{tuple(lhs_shape)} has {lhs_shape[i]} "
-                    f"at dimension {i}, rhs{tuple(rhs_shape)} has {rhs_shape[j]} at dimension {j}")
+# ---- The path to the primitive, for dot_general and matmul ----
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a checked product computes, besides its operands' layout: the dtype
+    they are cast to, the result's, the precision and the kernel."""
+    dtype: np.dtype
+    out_dtype: np.dtype
+    precision: lax.Precision | lax.DotAlgorithmPreset
+    kernel: str
 
 
-def _dtype_rank(dtype) -> tuple:
-    """lax.dot_general's (and XLA's) order of operand types: the result takes the higher."""
-    dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-        info = jnp.finfo(dtype)
-        return (info.maxexp, info.nmant, info.bits)
-    return (-1, -1, 0)
+def product(lhs, rhs, dimension_numbers, request: Request, out_sharding=None):
+    """lhs and rhs contracted as `dimension_numbers` say (batch dimensions may
+    broadcast, see the module docstring), on `tiled_matmul`."""
+    a, b, transpose_a, transpose_b, out_shape = canonical(lhs, rhs, dimension_numbers,
+                                                          request.dtype)
+    out = tiled_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                       out_dtype=request.out_dtype, precision=request.precision,
+                       kernel=request.kernel)
+    return reshard_result(out.reshape(out_shape), out_sharding)
 
 
-def result_dtype(lhs_dtype, rhs_dtype) -> np.dtype:
-    check_operand_dtypes(lhs_dtype, rhs_dtype, _API)
-    dtype = max((lhs_dtype, rhs_dtype), key=_dtype_rank)
-    return _check_float("the operands", dtype, _API)
+def canonical(lhs, rhs, dimension_numbers, dtype) -> tuple:
+    """(a, b, transpose_a, transpose_b, out_shape): lhs and rhs cast to `dtype`
+    in the primitive's form, with as few copies as their layouts allow
+    (`plan_layouts`), and the shape the (B, M, N) result reshapes to."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
+    rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
+    lhs_layout, rhs_layout, _ = plan_layouts(lhs.shape, rhs.shape, dimension_numbers)
+    batch_shape = _checks.broadcast_shapes([lhs.shape[d] for d in lb],
+                                           [rhs.shape[d] for d in rb])
+    batch = math.prod(batch_shape)
 
+    def operand(x, layout, batch_dims, rows, cols):
+        x = x.astype(dtype)
+        x_batch = batch
+        own = tuple(x.shape[d] for d in batch_dims)
+        if own != batch_shape:  # a broadcast batch (matmul's)
+            if math.prod(own) == 1:
+                x_batch = 1  # the kernel broadcasts it: a zero batch stride
+            else:  # one stride cannot express it
+                shape = list(x.shape)
+                for d, size in zip(batch_dims, batch_shape):
+                    shape[d] = size
+                x = jnp.broadcast_to(x, shape)
+        if layout.perm is not None:
+            x = jnp.transpose(x, layout.perm)
+        return x.reshape(x_batch, *((cols, rows) if layout.k_first else (rows, cols)))
+
+    m, n, k = _size(lhs.shape, lf), _size(rhs.shape, rf), _size(lhs.shape, lc)
+    return (operand(lhs, lhs_layout, lb, m, k),  # (B, M, K), or (B, K, M) when K first
+            operand(rhs, rhs_layout, rb, n, k),  # (B, K, N) when K first, else (B, N, K)
+            lhs_layout.k_first, not rhs_layout.k_first,
+            (*batch_shape, *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf)))
+
+
+def reshard_result(out, out_sharding):
+    """The result with the sharding `out_sharding` asks for. Only explicit mesh
+    axes make a sharding part of a type, and `jax.sharding.reshard` refuses
+    others as `jnp.matmul` does."""
+    if out_sharding is None:
+        return out
+    return jax.sharding.reshard(out, out_sharding)
+
+
+# ---- Layouts ----
 
 def _is_one(d) -> bool:
     """Whether a dimension is 1 for certain (a symbolic one never is)."""
@@ -179,37 +214,3 @@ def plan_layouts(lhs_shape, rhs_shape, dims) -> tuple[Layout, Layout, tuple[int,
 
 def _size(shape, dims):
     return math.prod(shape[d] for d in dims)
-
-
-# Inside a traced function the plain computation, no call in the jaxpr.
-@inline_jit(static_argnames=(
-    "dimension_numbers", "precision", "preferred_element_type", "out_sharding", "kernel"))
-def _dot_general_jit(lhs, rhs, *, dimension_numbers, precision, preferred_element_type,
-                     out_sharding, kernel):
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    _check_dimensions(lhs.shape, rhs.shape, dimension_numbers)
-    dtype = result_dtype(lhs.dtype, rhs.dtype)
-    out_dtype = dtype if preferred_element_type is None else _check_float(
-        "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type), _API)
-    precision = check_precision(precision, _API)
-
-    (lc, rc), (lb, rb) = dimension_numbers
-    lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
-    rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
-    lhs_layout, rhs_layout, _ = plan_layouts(lhs.shape, rhs.shape, dimension_numbers)
-    batch, m, n, k = (_size(lhs.shape, lb), _size(lhs.shape, lf), _size(rhs.shape, rf),
-                      _size(lhs.shape, lc))
-
-    def canonical(x, layout, rows, cols):
-        x = x.astype(dtype)
-        if layout.perm is not None:
-            x = jnp.transpose(x, layout.perm)
-        return x.reshape(batch, *((cols, rows) if layout.k_first else (rows, cols)))
-
-    a = canonical(lhs, lhs_layout, m, k)  # (B, M, K), or (B, K, M) when K first
-    b = canonical(rhs, rhs_layout, n, k)  # (B, K, N) when K first, else (B, N, K)
-    out = tiled_matmul(a, b, transpose_a=lhs_layout.k_first, transpose_b=not rhs_layout.k_first,
-                       out_dtype=out_dtype, precision=precision, kernel=kernel)
-    shape = (*(lhs.shape[d] for d in lb), *(lhs.shape[d] for d in lf),
-             *(rhs.shape[d] for d in rf))
-    return reshard_result(out.reshape(shape), out_sharding)

@@ -89,9 +89,10 @@ def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM,
 
 
 def cuda_explain(dtype: str, out_dtype: str, problem, multiprocessors: int,
-                 precision=lax.Precision.DEFAULT) -> str:
+                 precision=lax.Precision.DEFAULT) -> tuple[str, str, str]:
     """The CUDA module's own account of what kernel="auto" runs at this precision
-    (a lax.Precision or its name; no GPU needed)."""
+    (a lax.Precision or its name; no GPU needed): (kernel, why, launch plan)."""
     code = PRECISION_CODES[lax.Precision(precision)]
-    return _load("CUDA").explain_auto(dtype, out_dtype, *problem, code, multiprocessors,
-                                      cuda_compute_capability())
+    kernel, reason, plan = _load("CUDA").explain_auto(dtype, out_dtype, *problem, code,
+                                                      multiprocessors, cuda_compute_capability())
+    return kernel, reason, plan

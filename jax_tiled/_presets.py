@@ -91,7 +91,7 @@ class Run:
     precision: lax.Precision
 
     def describe(self, dtype, out_dtype) -> str:
-        """The casts and the mode, in words without ': ' (explain splits on it)."""
+        """The casts and the mode, in words (explain's `runs_as`)."""
         parts = []
         if self.operand_dtype != np.dtype(dtype):
             parts.append(f"operands cast to {self.operand_dtype.name}")

@@ -15,7 +15,7 @@ from jax._src import core
 
 import jax_tiled
 from jax_tiled import _ffi
-from jax_tiled._matmul import _canonicalize, canonical_precision
+from jax_tiled._checks import canonical_precision
 
 F32 = np.dtype(np.float32)
 HIGHEST = lax.Precision.HIGHEST
@@ -88,10 +88,9 @@ def loss_of(matmul):
 
 
 def matmul_problem(a, b) -> tuple:
-    """The canonical problem (batch_a, batch_b, m, n, k, False, False) that
-    jax_tiled.matmul(a, b) binds, for kernels_on's `problem`."""
-    a3, b3 = jax.eval_shape(lambda a, b: _canonicalize(a, b, None, None, "auto")[:2], a, b)
-    return (a3.shape[0], b3.shape[0], a3.shape[1], b3.shape[2], a3.shape[2], False, False)
+    """The canonical problem (batch_a, batch_b, m, n, k, transpose_a,
+    transpose_b) that jax_tiled.matmul(a, b) binds, for kernels_on's `problem`."""
+    return jax_tiled.explain(a, b, backend="cpu").problem
 
 
 # ---- The kernels a test runs ----

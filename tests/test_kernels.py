@@ -1,7 +1,7 @@
 """Which kernels there are and which one runs: `kernels()` by backend, dtype and
 precision; the refusals behind it; and `explain`, what kernel="auto" runs and
 why, from the same code that chooses at run time (the CUDA module answers
-without a GPU)."""
+without a GPU), read field by field."""
 
 from __future__ import annotations
 
@@ -22,30 +22,44 @@ needs_cuda_module = pytest.mark.skipif(not _ffi.cuda_module_built(),
 
 
 def test_cpu():
-    text = jax_tiled.explain(jnp.ones((3, 4, 5)), jnp.ones((5, 6)), backend="cpu")
-    assert text.startswith("cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32")
-    assert text.endswith("blocked: the cache-blocked CPU kernel, the only CPU kernel")
+    found = jax_tiled.explain(jnp.ones((3, 4, 5)), jnp.ones((5, 6)), backend="cpu")
+    assert isinstance(found, jax_tiled.Explanation)
+    assert found.platform == "cpu" and found.problem == (1, 1, 12, 6, 5, False, False)
+    assert (found.dtype, found.out_dtype, found.precision) == ("float32", "float32", "DEFAULT")
+    assert found.kernel == "blocked" and found.plan == "" and found.runs_as == ""
+    assert found.reason == "the cache-blocked CPU kernel, the only CPU kernel"
+    assert str(found) == ("cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32, precision DEFAULT: "
+                          "blocked: the cache-blocked CPU kernel, the only CPU kernel")
+
+
+def test_a_broadcast_batch_is_a_batch_of_one():
+    found = jax_tiled.explain(S((7, 5), jnp.float32), S((3, 5, 6), jnp.float32), backend="cpu")
+    assert found.problem == (1, 3, 7, 6, 5, False, False) and found.batch == 3
+    assert str(found).startswith("cpu: 3 x (7 x 5) @ (5 x 6), float32 -> float32")
 
 
 def test_forced_kernel_and_promotion():
-    text = jax_tiled.explain(S((4, 5), jnp.bfloat16), S((5, 6), jnp.float16), kernel="blocked",
-                             precision="highest", preferred_element_type=jnp.float16, backend="cpu")
-    assert "float32 -> float16, precision HIGHEST: blocked: forced by kernel='blocked'" in text
+    found = jax_tiled.explain(S((4, 5), jnp.bfloat16), S((5, 6), jnp.float16), kernel="blocked",
+                              precision="highest", preferred_element_type=jnp.float16,
+                              backend="cpu")
+    assert (found.dtype, found.out_dtype, found.precision) == ("float32", "float16", "HIGHEST")
+    assert (found.kernel, found.reason) == ("blocked", "forced by kernel='blocked'")
+    assert "float32 -> float16, precision HIGHEST: blocked: forced by kernel='blocked'" in str(found)
 
 
 @pytest.mark.parametrize("precision,name", [
     (None, "DEFAULT"), ("high", "HIGH"), ("tensorfloat32", "HIGH"), ("bfloat16", "DEFAULT"),
     ("float32", "HIGHEST"), (("default", "highest"), "HIGHEST")], ids=str)
 def test_head_names_the_precision(precision, name):
-    text = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32),
-                             precision=precision, backend="cpu")
-    assert f"float32 -> float32, precision {name}: blocked: " in text
+    found = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32),
+                              precision=precision, backend="cpu")
+    assert (found.precision, found.kernel) == (name, "blocked")
 
 
 def test_head_honours_default_matmul_precision():
     with jax.default_matmul_precision("tensorfloat32"):
-        text = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32), backend="cpu")
-    assert "precision HIGH: blocked: " in text
+        found = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32), backend="cpu")
+    assert (found.precision, found.kernel) == ("HIGH", "blocked")
 
 
 def test_bad_input_raises_like_matmul():
@@ -54,43 +68,49 @@ def test_bad_input_raises_like_matmul():
 
 
 @needs_cuda_module
-@pytest.mark.parametrize("a,b,expected", [
-    ((4096, 4096), (4096, 4096), "warptile: 128 x 128 blocks of 8 warps fill the"),
-    ((256, 256), (256, 256), "pipelined: 64 x 64 blocks of 2 warps"),
-    ((16, 8192), (8192, 8192), "smem16: fewer than 64 rows or columns"),
-    ((8192, 64), (64, 40), "smem16: fewer than 64 rows or columns"),
+@pytest.mark.parametrize("a,b,kernel,reason", [
+    ((4096, 4096), (4096, 4096), "warptile", "128 x 128 blocks of 8 warps fill the"),
+    ((256, 256), (256, 256), "pipelined", "64 x 64 blocks of 2 warps"),
+    ((16, 8192), (8192, 8192), "smem16", "fewer than 64 rows or columns"),
+    ((8192, 64), (64, 40), "smem16", "fewer than 64 rows or columns"),
 ], ids=str)
-def test_cuda_auto_by_shape(a, b, expected):
+def test_cuda_auto_by_shape(a, b, kernel, reason):
     """float32 at HIGHEST: true fp32, on the SIMT kernels."""
-    assert expected in jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32),
-                                         precision="highest", backend="gpu")
+    found = jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32), precision="highest",
+                              backend="gpu")
+    assert found.kernel == kernel and found.reason.startswith(reason), found
+    assert "tiles" in found.plan, found
+    assert str(found).endswith(f"{kernel}: {found.reason}; runs {found.plan}")
 
 
 @needs_cuda_module
 def test_cuda_auto_float64():
     with jax.enable_x64(True):
-        text = jax_tiled.explain(S((512, 512), jnp.float64), S((512, 512), jnp.float64), backend="gpu")
-    assert "smem16: float64" in text
+        found = jax_tiled.explain(S((512, 512), jnp.float64), S((512, 512), jnp.float64),
+                                  backend="gpu")
+    assert found.kernel == "smem16" and found.reason.startswith("float64"), found
 
 
 @needs_cuda_module
 def test_cuda_auto_by_dtype():
     """16-bit inputs go to the tensor cores; cp.async cannot convert, so
     float64 results go to warptile."""
-    text = jax_tiled.explain(S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16),
-                             backend="gpu")
+    found = jax_tiled.explain(S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16),
+                              backend="gpu")
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
-        assert "wgmma: 16-bit inputs on a Hopper GPU" in text
+        assert found.kernel == "wgmma" and found.reason.startswith("16-bit inputs on a Hopper GPU")
     else:
-        assert "mma: 16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU" in text
+        assert found.kernel == "mma" and found.reason.startswith(
+            "16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU"), found
     with jax.enable_x64(True):
-        text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
-                                 preferred_element_type=jnp.float64, precision="highest",
-                                 backend="gpu")
-        assert "float32 -> float64 needs warptile's converting copies" in text
-        text = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
-                                 preferred_element_type=jnp.float64, backend="gpu")
-        assert ": warptile: " in text  # the tensor cores never give float64
+        found = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
+                                  preferred_element_type=jnp.float64, precision="highest",
+                                  backend="gpu")
+        assert found.kernel == "warptile", found
+        assert found.reason.endswith("float32 -> float64 needs warptile's converting copies")
+        found = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
+                                  preferred_element_type=jnp.float64, backend="gpu")
+        assert found.kernel == "warptile"  # the tensor cores never give float64
 
 
 @needs_cuda_module
@@ -101,11 +121,12 @@ def test_cuda_auto_by_dtype():
 def test_cuda_auto_routes_rows_the_copy_engine_cannot_read_to_mma(a, b, transpose_a, rows):
     (m, k), n = ((a[1], a[0]) if transpose_a else a), b[1]
     problem = (1, 1, m, n, k, transpose_a, False)
-    text = _ffi.cuda_explain("bfloat16", "bfloat16", problem, 132)
+    kernel, reason, _ = _ffi.cuda_explain("bfloat16", "bfloat16", problem, 132)
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
-        assert text.startswith("mma: 16-bit inputs: mma.sync tensor cores, since the TMA copy "
-                               f"engine needs rows and batches that start at multiples of 16 "
-                               f"bytes (a's rows are {rows} elements")
+        assert kernel == "mma"
+        assert reason.startswith("16-bit inputs: mma.sync tensor cores, since the TMA copy "
+                                 f"engine needs rows and batches that start at multiples of 16 "
+                                 f"bytes (a's rows are {rows} elements")
     assert _ffi.refusal("cuda", "mma", jnp.bfloat16, jnp.bfloat16, problem) == ""
 
 
@@ -167,8 +188,8 @@ def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
     assert _ffi.refusal("cuda", "mma", np.float32, np.float32, both_mn_major, precision) == ""
     # 16-bit wgmma takes every layout.
     assert _ffi.refusal("cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, both_mn_major) == ""
-    text = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
-    assert text.startswith("mma: ") and "wgmma" in text, text
+    kernel, reason, _ = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
+    assert kernel == "mma" and "wgmma" in reason, reason
 
 
 @needs_cuda_module
@@ -180,14 +201,13 @@ def test_cuda_auto_float32_by_precision(shape):
     m, k, n = shape
     a, b = S((m, k), jnp.float32), S((k, n), jnp.float32)
     for precision in ("default", "high", "highest"):
-        text = jax_tiled.explain(a, b, precision=precision, backend="gpu")
-        _, head, kernel = text.split(": ")[:3]
-        assert head.endswith(f"precision {precision.upper()}"), text
+        found = jax_tiled.explain(a, b, precision=precision, backend="gpu")
+        assert found.precision == precision.upper(), found
         expected = SIMT_KERNELS if precision == "highest" else _tensor_core_kernels()
-        assert kernel in expected, text
+        assert found.kernel in expected, found
     with jax.default_matmul_precision("float32"):
-        text = jax_tiled.explain(a, b, backend="gpu")
-    assert "precision HIGHEST" in text and text.split(": ")[2] in SIMT_KERNELS, text
+        found = jax_tiled.explain(a, b, backend="gpu")
+    assert found.precision == "HIGHEST" and found.kernel in SIMT_KERNELS, found
 
 
 @needs_cuda_module
@@ -196,8 +216,8 @@ def test_forced_tensor_core_kernel_at_highest_raises():
     tensor-core kernel is a ValueError naming the precision."""
     a = S((256, 256), jnp.float32)
     for kernel in _tensor_core_kernels():
-        text = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")
-        assert text.endswith(f"{kernel}: forced by kernel={kernel!r}")
+        found = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")
+        assert (found.kernel, found.reason) == (kernel, f"forced by kernel={kernel!r}")
         with pytest.raises(ValueError, match="(?s)HIGHEST.*precision HIGHEST"):
             jax_tiled.explain(a, a, kernel=kernel, precision="highest", backend="gpu")
 

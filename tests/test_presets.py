@@ -286,7 +286,7 @@ def test_presets_by_name_and_by_default_matmul_precision(rng):
     assert preset_of_products(by_name) == [Preset.F64_F64_F64]
     with jax.default_matmul_precision("F64_F64_F64"):
         routed = jax.make_jaxpr(jax_tiled.matmul)(a, b)
-        assert "F64_F64_F64" in jax_tiled.explain(a, b, backend="cpu")
+        assert jax_tiled.explain(a, b, backend="cpu").precision == "F64_F64_F64"
         assert_float64_rounded_once(jax_tiled.matmul(a, b), a, b)
     assert preset_of_products(routed) == [Preset.F64_F64_F64]
 
@@ -330,13 +330,16 @@ def test_tiled_grad_of_a_preset_product(rng):
 
 def test_explain_says_what_runs(rng):
     a, b = jax.ShapeDtypeStruct((67, 131), F16), jax.ShapeDtypeStruct((131, 45), F16)
-    text = jax_tiled.explain(a, b, precision="BF16_BF16_F32", backend="cpu")
-    assert text.startswith("cpu: 1 x (67 x 131) @ (131 x 45), float16 -> float16, precision "
-                           "BF16_BF16_F32 (runs as operands cast to bfloat16, bfloat16 product "
-                           "into float32, cast to float16): blocked"), text
+    found = jax_tiled.explain(a, b, precision="BF16_BF16_F32", backend="cpu")
+    assert (found.precision, found.kernel) == ("BF16_BF16_F32", "blocked")
+    assert found.runs_as == ("operands cast to bfloat16, bfloat16 product into float32, cast "
+                             "to float16"), found
+    assert str(found).startswith(
+        "cpu: 1 x (67 x 131) @ (131 x 45), float16 -> float16, precision BF16_BF16_F32 (runs as "
+        "operands cast to bfloat16, bfloat16 product into float32, cast to float16): blocked")
     f32 = jax.ShapeDtypeStruct((67, 131), F32), jax.ShapeDtypeStruct((131, 45), F32)
-    text = jax_tiled.explain(*f32, precision=Preset.F32_F32_F32, backend="cpu")
-    assert "(runs as float32 product into float32 at HIGHEST)" in text, text
+    found = jax_tiled.explain(*f32, precision=Preset.F32_F32_F32, backend="cpu")
+    assert found.runs_as == "float32 product into float32 at HIGHEST", found
 
 
 @pytest.mark.gpu
@@ -345,13 +348,14 @@ def test_explain_and_kernels_on_a_gpu(on_gpu):
     on a SIMT kernel, BF16_BF16_F32 on bfloat16 tensor cores."""
     a, b = jax.ShapeDtypeStruct((1000, 800), F32), jax.ShapeDtypeStruct((800, 1200), F32)
     for preset in ("BF16_BF16_F32_X3", "BF16_BF16_F32_X9", "TF32_TF32_F32_X3"):
-        text = jax_tiled.explain(a, b, precision=preset)
-        assert "at HIGH)" in text and text.split(": ")[2] in helpers.TENSOR_CORE_KERNELS, text
-    text = jax_tiled.explain(a, b, precision="F32_F32_F32")
-    assert text.split(": ")[2] in helpers.SIMT_KERNELS, text
-    text = jax_tiled.explain(a, b, precision="BF16_BF16_F32")
-    assert "operands cast to bfloat16" in text, text
-    assert text.split(": ")[2] in helpers.TENSOR_CORE_KERNELS, text
+        found = jax_tiled.explain(a, b, precision=preset)
+        assert found.runs_as.endswith("at HIGH"), found
+        assert found.kernel in helpers.TENSOR_CORE_KERNELS, found
+    found = jax_tiled.explain(a, b, precision="F32_F32_F32")
+    assert found.kernel in helpers.SIMT_KERNELS, found
+    found = jax_tiled.explain(a, b, precision="BF16_BF16_F32")
+    assert found.runs_as.startswith("operands cast to bfloat16"), found
+    assert found.kernel in helpers.TENSOR_CORE_KERNELS, found
     assert set(jax_tiled.kernels("gpu", F32, precision="F32_F32_F32")).isdisjoint(
         helpers.TENSOR_CORE_KERNELS)
     assert "mma" in jax_tiled.kernels("gpu", F32, precision="BF16_BF16_F32_X6")

@@ -25,7 +25,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from jax_tiled._matmul import canonical_precision
+from jax_tiled._checks import canonical_precision
 from jax_tiled._primitive import tiled_matmul
 
 from helpers import EPS, accumulation_rounding, input_rounding, kernels_on, x64

@@ -104,8 +104,8 @@ def test_auto_picks_wgmma_where_the_copy_engine_reads_and_mma_elsewhere():
     aligned = jax_tiled.explain(S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
     odd = jax_tiled.explain(S((33, 17), jnp.bfloat16), S((17, 65), jnp.bfloat16))
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
-        assert ": wgmma: " in aligned and "128 x 256 tiles" in aligned
-    assert ": mma: " in odd and "a's rows are 17 elements" in odd
+        assert aligned.kernel == "wgmma" and aligned.plan.startswith("128 x 256 tiles"), aligned
+    assert odd.kernel == "mma" and "a's rows are 17 elements" in odd.reason, odd
 
 
 def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):

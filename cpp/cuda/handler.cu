@@ -106,17 +106,17 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
 
 }  // namespace
 
-std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
-                        const ProblemShape& shape, int precision, int multiprocessors,
-                        int compute_capability) {
+AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
+                       const ProblemShape& shape, int precision, int multiprocessors,
+                       int compute_capability) {
   const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
   if (!product)
-    return "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
-           " or precision code " + std::to_string(precision);
+    return {"", "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
+                    " or precision code " + std::to_string(precision), ""};
   std::string why;
   const KernelChoice choice =
       ChooseAuto(*product, {multiprocessors, compute_capability}, &why);
-  return std::string(choice.kernel->name) + ": " + why + "; runs " + choice.plan.Describe();
+  return {choice.kernel->name, why, choice.plan.Describe()};
 }
 
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

@@ -21,13 +21,19 @@ struct ProblemShape {
   bool transpose_a, transpose_b;
 };
 
-// "<kernel>: <why>; runs <plan>" for what kernel="auto" runs on this problem from `dtype`
-// inputs to an `out_dtype` result (numpy's names) at `precision` (the FFI
-// attribute's code) on a GPU with that many SMs and compute capability
-// (major * 10 + minor).
-std::string ExplainAuto(std::string_view dtype, std::string_view out_dtype,
-                        const ProblemShape& shape, int precision, int multiprocessors,
-                        int compute_capability);
+// What kernel="auto" runs, for explain: the kernel's name, why, and the plan
+// its launcher runs ("128 x 256 tiles, 4 stages").
+struct AutoChoice {
+  std::string kernel, reason, plan;
+};
+
+// AutoChoice for this problem from `dtype` inputs to an `out_dtype` result
+// (numpy's names) at `precision` (the FFI attribute's code) on a GPU with
+// that many SMs and compute capability (major * 10 + minor). Dtypes or a
+// precision it does not know leave `kernel` empty and say so in `reason`.
+AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
+                       const ProblemShape& shape, int precision, int multiprocessors,
+                       int compute_capability);
 
 // Why `kernel` cannot run this problem, or "" if it can (kernel.h, Refusal).
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

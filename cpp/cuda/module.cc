@@ -23,14 +23,15 @@ NB_MODULE(_cuda, m) {
         [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
            int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, int precision,
            int multiprocessors, int compute_capability) {
-          return jax_tiled::cuda::ExplainAuto(
+          const jax_tiled::cuda::AutoChoice choice = jax_tiled::cuda::ExplainAuto(
               dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
               precision, multiprocessors, compute_capability);
+          return nb::make_tuple(choice.kernel, choice.reason, choice.plan);
         },
         nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"),
         nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
         nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
-        "'<kernel>: <why>; runs <plan>' for what kernel='auto' runs on this problem (no GPU needed).");
+        "(kernel, why, plan) for what kernel='auto' runs on this problem (no GPU needed).");
   m.def("kernel_refusal",
         [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
            int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
