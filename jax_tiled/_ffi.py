@@ -1,13 +1,15 @@
 """Load the compiled extension modules and register their FFI targets with XLA.
 
 The CPU module is always built; the CUDA module exists only where the package
-was built with nvcc. Each module reports the kernels it carries.
+was built with nvcc. Each module exports its kernel table's facts (no GPU
+needed), from which the kernel names, and the tests' lists of kernels, derive.
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import functools
+import importlib
 
 import jax
 import numpy as np
@@ -46,12 +48,34 @@ def cuda_module_built() -> bool:
     return _load("CUDA") is not None
 
 
-def kernel_names(platform: str) -> tuple[str, ...]:
-    """Kernels compiled for a lowering platform ('cpu' or 'cuda')."""
+@dataclasses.dataclass(frozen=True)
+class KernelFacts:
+    """One kernel of a module's table (the CUDA ladder: cpp/cuda/kernel_table.cu)."""
+    name: str
+    listed: bool  # offered by jax_tiled.kernels(); False: for the test suite only
+    tensor_cores: bool  # computes on the tensor cores (mma.sync, wgmma)
+    true_fp32: bool  # float32 at precision HIGHEST; else TF32 (DEFAULT) or 3xTF32 (HIGH)
+    min_capability: int  # CUDA compute capability, major * 10 + minor (0 on CPU)
+    hopper_only: bool  # sm_90a instructions: compute capability 9.0 exactly
+    inputs: tuple[str, ...]  # the operand dtypes it computes (numpy names)
+    outputs: tuple[str, ...]  # the result dtypes it writes
+
+
+@functools.cache
+def kernel_table(platform: str) -> tuple[KernelFacts, ...]:
+    """Every kernel compiled for a lowering platform ('cpu' or 'cuda'), in
+    ladder order: () where this build has no module for it."""
     module = _load("cpu" if platform == "cpu" else "CUDA")
     if module is None:
         return ()
-    return tuple(name for name in module.kernels().split(",") if name)
+    return tuple(KernelFacts(**{**row, "inputs": tuple(row["inputs"]),
+                                "outputs": tuple(row["outputs"])})
+                 for row in module.kernel_table())
+
+
+def kernel_names(platform: str) -> tuple[str, ...]:
+    """The kernels offered on a lowering platform ('cpu' or 'cuda')."""
+    return tuple(k.name for k in kernel_table(platform) if k.listed)
 
 
 # lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).

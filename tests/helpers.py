@@ -19,8 +19,13 @@ from jax_tiled._checks import canonical_precision
 
 F32 = np.dtype(np.float32)
 HIGHEST = lax.Precision.HIGHEST
-TENSOR_CORE_KERNELS = ("mma", "wgmma")
-SIMT_KERNELS = ("regblock", "warptile", "pipelined", "smem", "smem16")
+# The kernel lists, from the extension modules' kernel tables: a kernel added
+# to a table joins every test that runs its kind. Without the CUDA module the
+# CUDA lists are empty (the tests that use them need a GPU or the module).
+CPU_KERNELS = _ffi.kernel_names("cpu")
+CUDA_TABLE = tuple(k for k in _ffi.kernel_table("cuda") if k.listed)
+TENSOR_CORE_KERNELS = tuple(k.name for k in CUDA_TABLE if k.tensor_cores)
+SIMT_KERNELS = tuple(k.name for k in CUDA_TABLE if not k.tensor_cores)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 # Any dot_general or transpose in a jaxpr: a product not run on this package's kernels.
 FORBIDDEN = re.compile(r"\b(dot_general|transpose)\[")
@@ -116,6 +121,19 @@ def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None,
     return ["auto", *names]
 
 
+def admits(kernel: _ffi.KernelFacts, capability: int) -> bool:
+    """Whether, by its table's facts, a kernel runs on a GPU of this compute
+    capability (major * 10 + minor)."""
+    return capability >= kernel.min_capability and (not kernel.hopper_only or capability == 90)
+
+
+def tensor_cores_of_this_gpu() -> tuple[str, ...]:
+    """The tensor-core kernels the table admits on this GPU's compute capability
+    (a Hopper GPU's where none is visible)."""
+    capability = _ffi.cuda_compute_capability()
+    return tuple(k.name for k in CUDA_TABLE if k.tensor_cores and admits(k, capability))
+
+
 def tensor_core_kernels(dtype=F32, out_dtype=None, *, problem=None,
                         precision=lax.Precision.DEFAULT) -> list[str]:
     """The tensor-core kernels listed on this GPU for dtype -> out_dtype (default:
@@ -124,7 +142,8 @@ def tensor_core_kernels(dtype=F32, out_dtype=None, *, problem=None,
     listed = jax_tiled.kernels("gpu", dtype, out_dtype, precision)
     names = [k for k in TENSOR_CORE_KERNELS if k in listed]
     if np.dtype(dtype).itemsize == 2 or lax.Precision(precision) != HIGHEST:
-        assert "mma" in names, listed  # sm_80+: every GPU this package builds for
+        # Every tensor-core kernel this GPU admits takes them (sm_80+ has one).
+        assert names and set(tensor_cores_of_this_gpu()) <= set(names), listed
     if problem is not None:
         names = [k for k in names
                  if not _ffi.refusal("cuda", k, dtype, out_dtype, problem, precision)]
@@ -135,7 +154,7 @@ def tensor_kernels_on(platform, problem, precision, dtype=F32) -> list[str]:
     """'auto' and the kernels whose arithmetic depends on the precision: on CUDA
     the tensor-core kernels that take the problem, on CPU the one CPU kernel."""
     if platform == "cpu":
-        return ["auto", "blocked"]
+        return ["auto", *CPU_KERNELS]
     return ["auto", *tensor_core_kernels(dtype, problem=problem, precision=precision)]
 
 

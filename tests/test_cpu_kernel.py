@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import HIGHEST, LAYOUTS, bind_product, operands, x64
+from helpers import CPU_KERNELS, HIGHEST, LAYOUTS, bind_product, operands, x64
 
 EDGE_ROWS = (1, 7, 12, 13)
 EDGE_COLS = (1, 9, 16, 17, 32, 33)
@@ -21,7 +21,7 @@ EDGE_DEPTHS = (1, 255, 256, 257)
 
 def run(a, b, ta, tb, out_dtype=None):
     with jax.default_device(jax.devices("cpu")[0]):
-        return np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel="blocked",
+        return np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel=CPU_KERNELS[0],
                                        out_dtype=out_dtype))
 
 

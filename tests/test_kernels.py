@@ -5,6 +5,8 @@ without a GPU), read field by field."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import numpy as np
 import jax.numpy as jnp
@@ -13,7 +15,8 @@ from jax import lax
 
 import jax_tiled
 from jax_tiled import _ffi
-from helpers import F32, SIMT_KERNELS, TENSOR_CORE_KERNELS
+from helpers import (CPU_KERNELS, CUDA_TABLE, F32, SIMT_KERNELS, TENSOR_CORE_KERNELS, admits,
+                     tensor_cores_of_this_gpu)
 
 S = jax.ShapeDtypeStruct
 
@@ -147,16 +150,11 @@ def test_refusal_names_the_kernel_and_dtypes():
         "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd)
 
 
-def _tensor_core_kernels() -> tuple[str, ...]:
-    """The tensor-core kernels of this GPU (of a Hopper one where none is visible)."""
-    return TENSOR_CORE_KERNELS if _ffi.cuda_compute_capability() == _ffi.HOPPER else ("mma",)
-
-
 @needs_cuda_module
 def test_refusal_float32_by_precision():
     """The tensor-core kernels take float32 at DEFAULT (TF32) and HIGH (3xTF32),
     not at HIGHEST (true fp32); the SIMT kernels take it at every precision."""
-    for kernel in _tensor_core_kernels():
+    for kernel in tensor_cores_of_this_gpu():
         for precision in ("default", "high", jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH):
             assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
                                 precision=precision) == "", (kernel, precision)
@@ -203,7 +201,7 @@ def test_cuda_auto_float32_by_precision(shape):
     for precision in ("default", "high", "highest"):
         found = jax_tiled.explain(a, b, precision=precision, backend="gpu")
         assert found.precision == precision.upper(), found
-        expected = SIMT_KERNELS if precision == "highest" else _tensor_core_kernels()
+        expected = SIMT_KERNELS if precision == "highest" else tensor_cores_of_this_gpu()
         assert found.kernel in expected, found
     with jax.default_matmul_precision("float32"):
         found = jax_tiled.explain(a, b, backend="gpu")
@@ -215,17 +213,60 @@ def test_forced_tensor_core_kernel_at_highest_raises():
     """explain checks a forced kernel as matmul does: float32 at HIGHEST on a
     tensor-core kernel is a ValueError naming the precision."""
     a = S((256, 256), jnp.float32)
-    for kernel in _tensor_core_kernels():
+    for kernel in tensor_cores_of_this_gpu():
         found = jax_tiled.explain(a, a, kernel=kernel, backend="gpu")
         assert (found.kernel, found.reason) == (kernel, f"forced by kernel={kernel!r}")
         with pytest.raises(ValueError, match="(?s)HIGHEST.*precision HIGHEST"):
             jax_tiled.explain(a, a, kernel=kernel, precision="highest", backend="gpu")
 
 
-# ---- kernels(): what is listed ----
+# ---- The kernel tables, and kernels(): what is listed ----
 
-def test_kernels_lists_the_cpu_kernel():
-    assert jax_tiled.kernels("cpu") == ["blocked"]
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def test_the_cpu_table_is_the_one_cpu_kernel():
+    (blocked,) = _ffi.kernel_table("cpu")
+    assert blocked == _ffi.KernelFacts(name="blocked", listed=True, tensor_cores=False,
+                                       true_fp32=True, min_capability=0, hopper_only=False,
+                                       inputs=DTYPES, outputs=DTYPES)
+    assert CPU_KERNELS == ("blocked",) and jax_tiled.kernels("cpu") == ["blocked"]
+
+
+@needs_cuda_module
+def test_the_cuda_table_without_a_gpu():
+    """A build with the CUDA module lists its kernels with no GPU present: the
+    ladder in order, a kernel for the test suite only (the planted race)
+    unlisted, and the tensor-core kernels neither true fp32 nor float64."""
+    table = _ffi.kernel_table("cuda")
+    names = [k.name for k in table]
+    assert len(set(names)) == len(names) and not set(names) & set(CPU_KERNELS)
+    assert _ffi.kernel_names("cuda") == tuple(k.name for k in CUDA_TABLE)
+    assert [k.name for k in table if not k.listed] == ["smem_racy_for_testing"]
+    assert TENSOR_CORE_KERNELS and SIMT_KERNELS
+    for kernel in table:
+        assert set(kernel.inputs) | set(kernel.outputs) <= set(DTYPES), kernel
+        if kernel.tensor_cores:
+            assert not kernel.true_fp32 and "float64" not in kernel.outputs, kernel
+            assert kernel.min_capability >= 80, kernel
+        else:
+            assert kernel.true_fp32, kernel
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("precision", ["default", "high", "highest"])
+def test_the_table_facts_are_the_refusals(precision):
+    """What each kernel takes by the table's facts (dtypes, true fp32,
+    capability) is what its refusals say, on this GPU (a Hopper one where none
+    is visible)."""
+    capability = _ffi.cuda_compute_capability()
+    for kernel in _ffi.kernel_table("cuda"):
+        for dtype, out_dtype in itertools.product(DTYPES, DTYPES):
+            takes = (dtype in kernel.inputs and out_dtype in kernel.outputs
+                     and admits(kernel, capability)
+                     and (kernel.true_fp32 or dtype != "float32" or precision != "highest"))
+            why = _ffi.refusal("cuda", kernel.name, dtype, out_dtype, precision=precision)
+            assert (why == "") == takes, (kernel.name, dtype, out_dtype, why)
 
 
 @pytest.mark.parametrize("precision", [None, "default", "high", "highest", "bfloat16",
@@ -239,24 +280,30 @@ def test_cpu_listing_by_precision(precision):
 @pytest.mark.gpu
 def test_cuda_listing_by_dtype_and_precision():
     names = jax_tiled.kernels("gpu")
-    assert {"smem", "smem16", "regblock", "warptile", "pipelined", "mma"} <= set(names)
-    assert "smem_racy_for_testing" not in names
-    assert "pipelined" not in jax_tiled.kernels("gpu", jnp.bfloat16)
-    assert "mma" not in jax_tiled.kernels("gpu", jnp.float32, jnp.float64)
+    assert names == [k.name for k in CUDA_TABLE]  # the listed ones: not the planted race
+    capability = _ffi.cuda_compute_capability()
+    here = tensor_cores_of_this_gpu()
+    assert here  # sm_80+: every GPU this package builds for has tensor-core kernels
+    for dtype, out_dtype in itertools.product(DTYPES, DTYPES):
+        listed = jax_tiled.kernels("gpu", dtype, out_dtype)
+        assert listed == [k.name for k in CUDA_TABLE if dtype in k.inputs
+                          and out_dtype in k.outputs and admits(k, capability)], (dtype, out_dtype)
     for precision in ("default", "high", "highest"):  # 16-bit: precision changes nothing
-        assert "mma" in jax_tiled.kernels("gpu", jnp.bfloat16, precision=precision)
+        assert set(here) <= set(jax_tiled.kernels("gpu", jnp.bfloat16, precision=precision))
     # float32 runs on the tensor cores as TF32 (DEFAULT) or 3xTF32 (HIGH), never
     # as the true fp32 that HIGHEST asks for.
     default = jax_tiled.kernels("gpu", F32)
-    assert "mma" in default and default == jax_tiled.kernels("gpu", F32, precision="default")
-    assert "mma" in jax_tiled.kernels("gpu", F32, precision="high")
-    assert "mma" in jax_tiled.kernels("gpu", F32, precision=lax.Precision.HIGH)
+    assert set(here) <= set(default)
+    assert default == jax_tiled.kernels("gpu", F32, precision="default")
+    assert set(here) <= set(jax_tiled.kernels("gpu", F32, precision="high"))
+    assert set(here) <= set(jax_tiled.kernels("gpu", F32, precision=lax.Precision.HIGH))
     highest = set(jax_tiled.kernels("gpu", F32, precision="highest"))
-    assert {"smem", "smem16", "regblock", "warptile", "pipelined"} <= highest
+    assert set(SIMT_KERNELS) <= highest
     for out_dtype in (jnp.bfloat16, jnp.float16, np.float32):
         highest = jax_tiled.kernels("gpu", F32, out_dtype, precision="highest")
         assert not set(TENSOR_CORE_KERNELS) & set(highest), highest
-        assert "warptile" in highest
-        assert "mma" in jax_tiled.kernels("gpu", F32, out_dtype, precision="tensorfloat32")
+        assert [k.name for k in CUDA_TABLE if k.true_fp32 and admits(k, capability)] == highest
+        assert set(here) <= set(jax_tiled.kernels("gpu", F32, out_dtype,
+                                                  precision="tensorfloat32"))
     with jax.default_matmul_precision("float32"):  # precision=None honours it
         assert not set(TENSOR_CORE_KERNELS) & set(jax_tiled.kernels("gpu", F32))

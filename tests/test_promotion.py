@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import random_array, x64
+from helpers import CPU_KERNELS, random_array, x64
 
 PAIRS = [
     (np.int32, np.float32), (np.float32, np.int32), (np.int8, jnp.bfloat16),
@@ -82,4 +82,4 @@ def test_kernels_lists_nothing_for_a_dtype_no_kernel_computes(dtype):
 
 def test_kernels_lists_the_computed_dtypes():
     for dtype in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64):
-        assert jax_tiled.kernels("cpu", dtype) == ["blocked"]
+        assert jax_tiled.kernels("cpu", dtype) == list(CPU_KERNELS)

@@ -17,7 +17,8 @@ import pytest
 import jax_tiled
 from jax_tiled import _ffi
 from helpers import (F32, LAYOUTS, TENSOR_CORE_KERNELS, assert_matmul_close, bind_product,
-                     operands, random_array, relative_norm_error, tensor_core_kernels)
+                     operands, random_array, relative_norm_error, tensor_core_kernels,
+                     tensor_cores_of_this_gpu)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
 
@@ -32,13 +33,10 @@ ALIGNED_SHAPES = [(8, 8, 8), (136, 264, 72), (128, 256, 64), (120, 248, 56), (20
 
 
 def kernels(dtype, out_dtype=None) -> list[str]:
-    """"auto" and the tensor-core kernels listed for dtype -> out_dtype: both on
-    a Hopper GPU, "mma" on others."""
+    """"auto" and the tensor-core kernels listed for dtype -> out_dtype: every
+    one that the kernel table admits on this GPU's compute capability."""
     names = [k for k in jax_tiled.kernels("gpu", dtype, out_dtype) if k in TENSOR_CORE_KERNELS]
-    if _ffi.cuda_compute_capability() == _ffi.HOPPER:
-        assert names == list(TENSOR_CORE_KERNELS), names
-    else:
-        assert names == ["mma"], names
+    assert names == list(tensor_cores_of_this_gpu()), names
     return ["auto", *names]
 
 

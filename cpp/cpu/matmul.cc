@@ -151,7 +151,8 @@ ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
-  if (p.kernel != "auto" && p.kernel != "blocked") return UnknownKernel("CPU", p.kernel, kKernelNames);
+  if (p.kernel != "auto" && p.kernel != kKernelName)
+    return UnknownKernel("CPU", p.kernel, kKernelName);
   if (p.empty_output()) return ffi::Error::Success();
   if (p.k == 0) {  // an empty sum: zeros (all-zero bits in every supported dtype)
     std::memset(out->untyped_data(), 0, out->size_bytes());
@@ -207,4 +208,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
         .Attr<jax_tiled::Precision>("precision")  // 0 DEFAULT, 1 HIGH, 2 HIGHEST: all exact fp32 here
-        .Attr<std::string_view>("kernel"));  // "auto" or a name from kKernelNames
+        .Attr<std::string_view>("kernel"));  // "auto" or kKernelName

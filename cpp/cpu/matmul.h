@@ -1,11 +1,11 @@
-// The CPU FFI handler and the kernel names it accepts.
+// The CPU FFI handler and the one kernel it runs.
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled::cpu {
-// Comma-separated, in the order jax_tiled.kernels("cpu") lists them.
-inline constexpr const char* kKernelNames = "blocked";
+// The CPU kernel: every supported dtype, true fp32 at every precision.
+inline constexpr const char* kKernelName = "blocked";
 }  // namespace jax_tiled::cpu
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledMatmulCpu);

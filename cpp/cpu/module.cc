@@ -1,4 +1,4 @@
-// nanobind module `jax_tiled._cpu`: the CPU FFI targets and kernel names.
+// nanobind module `jax_tiled._cpu`: the CPU FFI targets and the kernel table.
 #include <nanobind/nanobind.h>
 
 #include "cpu/matmul.h"
@@ -11,6 +11,19 @@ NB_MODULE(_cpu, m) {
     targets["tiled_matmul_cpu"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCpu));
     return targets;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
-  m.def("kernels", [] { return nb::str(jax_tiled::cpu::kKernelNames); },
-        "Comma-separated names of the kernels this module runs.");
+  m.def("kernel_table", [] {
+    const nb::tuple every_float = nb::make_tuple("float16", "bfloat16", "float32", "float64");
+    nb::dict row;
+    row["name"] = jax_tiled::cpu::kKernelName;
+    row["listed"] = true;
+    row["tensor_cores"] = false;
+    row["true_fp32"] = true;
+    row["min_capability"] = 0;
+    row["hopper_only"] = false;
+    row["inputs"] = every_float;
+    row["outputs"] = every_float;
+    nb::list table;
+    table.append(row);
+    return table;
+  }, "The kernel table, a dict of facts per kernel, as the CUDA module's.");
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cuda/auto.h"
 #include "cuda/kernel.h"
@@ -104,7 +105,25 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
 }
 
+// numpy's names of the dtypes among `bits`.
+std::vector<std::string> DtypeNames(uint8_t bits) {
+  std::vector<std::string> names;
+  for (Dtype t : {Dtype::kF16, Dtype::kBF16, Dtype::kF32, Dtype::kF64})
+    if (bits & DtypeBits(t)) names.push_back(DtypeName(t));
+  return names;
+}
+
 }  // namespace
+
+std::vector<KernelFacts> KernelTable() {
+  std::vector<KernelFacts> table;
+  for (const KernelDescriptor* k : Ladder()) {
+    const Takes& t = k->takes;
+    table.push_back({k->name, k->listed, t.tensor_cores, t.true_fp32, t.min_capability,
+                     t.hopper_only, DtypeNames(t.inputs), DtypeNames(t.outputs)});
+  }
+  return table;
+}
 
 AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
                        const ProblemShape& shape, int precision, int multiprocessors,

@@ -1,10 +1,12 @@
 // What a kernel of the ladder tells the rest of the package about itself.
 //
-// Each kernel file (kernels/<n>_<technique>.cu) defines one KernelDescriptor;
-// kernel_table.cu lists them in ladder order. Names, jax_tiled.kernels(),
-// refusals, kernel="auto" and explain are all derived from that table, and
-// what explain prints is the LaunchPlan the launcher runs. NOTES.md, "Adding a
-// kernel", has the recipe.
+// Each kernel file (kernels/<n>_<technique>.cu) defines the KernelDescriptors
+// of its kernel (1_smem_tiled.cu defines three: two tile sizes and the planted
+// race); kernel_table.cu lists them in ladder order. Names, the facts the
+// Python side reads (kernel_table()), jax_tiled.kernels(), refusals,
+// kernel="auto" and explain are all derived from that table, and what explain
+// prints is the LaunchPlan the launcher runs. NOTES.md, "Adding a kernel", has
+// the recipe.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/blocks/common.cuh"
 #include "precision.h"
@@ -129,6 +132,7 @@ struct Takes {
   int min_capability = 0;    // major * 10 + minor
   bool hopper_only = false;  // arch-specific sm_90a instructions: 9.0 exactly
   const char* dtype_reason = "";  // why inputs/outputs are limited, for the refusal
+  bool tensor_cores = false;      // computes on the tensor cores (mma.sync, wgmma)
 
   constexpr bool TakesDtypes(Dtype in, Dtype out) const {
     return (inputs & DtypeBits(in)) && (outputs & DtypeBits(out));
@@ -141,7 +145,7 @@ inline constexpr Takes kTakesEveryFloat{};
 // accumulator and a 16- or 32-bit result.
 constexpr Takes TensorCoreTakes(int min_capability, bool hopper_only) {
   return {kSixteenBit | kF32, kSixteenBit | kF32, false, min_capability, hopper_only,
-          "tensor-core instructions"};
+          "tensor-core instructions", true};
 }
 
 // The storage type of a dtype in device code.
@@ -232,7 +236,10 @@ struct KernelDescriptor {
   cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, cudaStream_t stream);
 };
 
-// Comma-separated, in ladder order: what jax_tiled.kernels("cuda") lists.
+// Every kernel of the table (kernel_table.cu), in ladder order.
+const std::vector<const KernelDescriptor*>& Ladder();
+
+// Comma-separated, in ladder order: the listed kernels, for error messages.
 std::string KernelNames();
 
 // The kernel of that name in the table (kernel_table.cu), or null.

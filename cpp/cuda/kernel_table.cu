@@ -1,5 +1,7 @@
 // The ladder's kernels in order, and what is derived from their descriptors:
-// names, lookup, refusals, and plan descriptions for explain.
+// names, lookup, refusals, and plan descriptions for explain. (The facts the
+// Python side reads, handler.cu's KernelTable, walk Ladder().)
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +55,11 @@ std::string Capability(int compute_capability) {
   return std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
 }
 }  // namespace
+
+const std::vector<const KernelDescriptor*>& Ladder() {
+  static const std::vector<const KernelDescriptor*> ladder(std::begin(kLadder), std::end(kLadder));
+  return ladder;
+}
 
 const KernelDescriptor* FindKernel(std::string_view name) {
   for (const KernelDescriptor* k : kLadder)

@@ -1,17 +1,30 @@
 // What the nanobind module needs of the CUDA side: the FFI handler, the
-// kernel names, and auto's choice and the refusals for a problem before
-// buffers exist. Plain C++: module.cc includes no CUDA headers.
+// kernel table's facts, and auto's choice and the refusals for a problem
+// before buffers exist. Plain C++: module.cc includes no CUDA headers.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled::cuda {
-// Comma-separated, in ladder order: what jax_tiled.kernels("cuda") lists.
-std::string KernelNames();
+// One kernel of the table, as the Python side sees it (kernel.h has the
+// descriptor these come from).
+struct KernelFacts {
+  std::string name;
+  bool listed;        // offered by jax_tiled.kernels(); false: for the test suite only
+  bool tensor_cores;  // computes on the tensor cores
+  bool true_fp32;     // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
+  int min_capability;                       // major * 10 + minor
+  bool hopper_only;                         // sm_90a instructions: capability 9.0 exactly
+  std::vector<std::string> inputs, outputs;  // numpy dtype names
+};
+
+// Every kernel of the table, in ladder order; no GPU needed.
+std::vector<KernelFacts> KernelTable();
 
 // A problem as the lowering sees it, before buffers exist: contiguous
 // operands a (batch_a, m, k) or (batch_a, k, m) when transposed, b (batch_b,

@@ -1,8 +1,9 @@
-// nanobind module `jax_tiled._cuda`: the CUDA FFI targets and kernel names.
+// nanobind module `jax_tiled._cuda`: the CUDA FFI targets and the kernel table.
 // Plain C++ with no CUDA headers: the kernels live in the nvcc-built library.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
 
 #include "cuda/matmul.h"
 
@@ -14,8 +15,22 @@ NB_MODULE(_cuda, m) {
     targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
     return targets;
   }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
-  m.def("kernels", [] { return jax_tiled::cuda::KernelNames(); },
-        "Comma-separated names of the kernels this module runs.");
+  m.def("kernel_table", [] {
+    nb::list table;
+    for (const jax_tiled::cuda::KernelFacts& k : jax_tiled::cuda::KernelTable()) {
+      nb::dict row;
+      row["name"] = k.name;
+      row["listed"] = k.listed;
+      row["tensor_cores"] = k.tensor_cores;
+      row["true_fp32"] = k.true_fp32;
+      row["min_capability"] = k.min_capability;
+      row["hopper_only"] = k.hopper_only;
+      row["inputs"] = k.inputs;
+      row["outputs"] = k.outputs;
+      table.append(row);
+    }
+    return table;
+  }, "The kernel table in ladder order, a dict of facts per kernel (no GPU needed).");
   // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b), then
   // the precision as the FFI attribute codes it (0 DEFAULT, 1 HIGH, 2 HIGHEST).
   using jax_tiled::cuda::ProblemShape;
