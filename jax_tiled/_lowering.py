@@ -64,8 +64,8 @@ _partitioned_product = _sharding.partitioned(ffi_product)
 
 # Platforms on which an operand's transpose is folded into the kernel's flag.
 # On CPU the packed kernel reads every layout at nearly one speed, and the
-# copy that XLA would otherwise make costs a pass over the operand (5-10% of a
-# 1024^3 product, cpp/cpu/NOTES.md). CUDA waits for a measurement: there
+# copy that XLA would otherwise make costs a pass over the operand (measured
+# in cpp/cpu/NOTES.md, "Transposing packs"). CUDA waits for a measurement: there
 # the wgmma kernel reads an MN-major A tile more slowly than a K-major one, and
 # float32's a.T @ b layout leaves wgmma for mma.
 READS_TRANSPOSES = {"cpu": True, "cuda": False}

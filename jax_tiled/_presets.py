@@ -52,10 +52,10 @@ _D, _H, _X = lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST
 # CUDA: XLA's GPU support (xla/service/algorithm_util.cc,
 # IsSupportedDotAlgorithmOnGpu, for sm_80+; F16_F16_F16 and BF16_BF16_BF16 are
 # not among them, the ANY_F8 presets take float8 operands only, which jax_tiled
-# does not compute). 3xTF32 (HIGH, ~2.4e-7 at 4096^3) beats XLA's bf16
-# emulations X3/X6/X9 at 4096^3, but not X3, X6 and TF32_TF32_F32_X3 over a
-# long K with few output tiles (README, "precision"); fused emulation kernels
-# with each preset's own arithmetic are later work.
+# does not compute). The emulation presets run as 3xTF32 (HIGH), which is more
+# accurate than XLA's bf16 emulations on square products but not over a long K
+# with few output tiles (docs/precision.md has the measurements); fused
+# emulation kernels with each preset's own arithmetic are later work.
 PRESETS: dict[str, dict[Preset, Mode]] = {
     "cpu": {
         Preset.DEFAULT: Mode(_D),

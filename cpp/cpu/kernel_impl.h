@@ -397,7 +397,7 @@ void VisitStorage(Dtype t, F&& f) {
 // Config32 and Config64 are this instruction set's Config for float and double.
 template <class Config32, class Config64>
 struct Kernels {
-  // float64 accumulates when either side is float64 (as ffi_common.h's Accumulator).
+  // float64 accumulates when either side is float64, as on CUDA (AccumulatorOf).
   template <class In, class Out>
   using ConfigFor = std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
                                        Config64, Config32>;

@@ -97,11 +97,9 @@ constexpr int64_t kMaxTile = 1024;
 // Threads worth waking for a product: each must get at least this many
 // multiply-adds (half as many in float64, whose vectors hold half the lanes),
 // about 100 microseconds of a core's work. Waking a pool thread costs tens
-// of microseconds, and inside a lax.scan it is paid on every step: on the
-// 2-core machine (python -m jax_tiled.bench --chain) 64^3 float32 products ran
-// in 24-26 us on two threads and 8 us on one, 128^3 in 61-64 us and 43 us,
-// 224^3 in 198-205 us and 170-185 us; float64 192^3 was faster on two threads
-// (177 us against 263-306 us).
+// of microseconds, and inside a lax.scan it is paid on every step; the
+// measurements behind the threshold are in NOTES.md ("Small products: how
+// many threads to wake").
 constexpr int64_t kMinMultiplyAddsPerThread = 6'000'000;
 
 int64_t UsefulThreads(const MatmulProblem& p, bool f64, int64_t pool_threads) {
