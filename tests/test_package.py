@@ -4,6 +4,7 @@ stand in for it."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import subprocess
@@ -57,3 +58,46 @@ def test_the_source_tree_is_not_imported_by_accident():
     safe = _python("-P", "-c", "import jax_tiled; print(jax_tiled.__file__)")
     assert safe.returncode == 0, safe.stderr
     assert Path(safe.stdout.strip()).resolve() == Path(jax_tiled.__file__).resolve()
+
+
+def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The package's modules that `module` (at `path`) imports, at any depth of
+    its code: inside functions and `if TYPE_CHECKING:` blocks too. `from p
+    import m` imports module p.m where there is one, else p's own names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{module} imports relatively"  # the package does not
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                     else node.module for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in modules and name != module)
+    return found
+
+
+def test_no_import_cycle_among_the_package_modules():
+    root = Path(jax_tiled.__file__).parent
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {m: _imports(p, m, set(files)) for m, p in files.items()}
+    assert graph["jax_tiled._matmul"] >= {"jax_tiled._dot_general", "jax_tiled._checks"}
+    state: dict[str, str] = {}
+
+    def visit(module, trail):
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycle = trail[trail.index(imported):] + [imported]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if imported not in state:
+                visit(imported, [*trail, imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])

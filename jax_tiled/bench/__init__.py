@@ -37,14 +37,8 @@ The package, by concern:
     train_step  the training step (--train-step): an MLP or a transformer block
     chains      chains of small products, scanned and unrolled (--chain)
     accuracy    error and bias against a float64 product, ours and the peer's (--accuracy)
-    report      progress, tables, geometric means, device facts, JSON
+    progress    the progress bar
+    report      tables, geometric means, device facts, JSON
     plot        the PNG bar chart (--plot)
-    cli         the command line (`python -m jax_tiled.bench`, `main`)
+    cli         the command line (`python -m jax_tiled.bench`, `cli.main`)
 """
-
-
-def main(argv=None) -> int:
-    """`python -m jax_tiled.bench` with these arguments; returns the exit status."""
-    from jax_tiled.bench import cli
-
-    return cli.main(argv)

@@ -49,7 +49,7 @@ import numpy as np
 
 from jax_tiled.bench.harness import PEER, kernels_for, precisions_for, relative_distance
 from jax_tiled.bench.products import product_fn, reference
-from jax_tiled.bench.report import Progress
+from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.shapes import Shape, parse_shape
 
 # The default shapes by backend: a square, a long K, an odd shape. On a GPU at

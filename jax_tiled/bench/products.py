@@ -10,7 +10,7 @@ import numpy as np
 
 from jax_tiled.bench.harness import (VersusPeer, count_rows, kernels_for, matmul_fn,
                                      measure_against_peers, measure_into, precisions_for)
-from jax_tiled.bench.report import Progress
+from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.shapes import Shape
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
 

@@ -1,4 +1,7 @@
-"""What the benchmark prints and writes: progress, tables, geometric means, device facts, JSON."""
+"""What the benchmark prints and writes: tables, geometric means, device facts, JSON.
+
+It reads the row types of the modules that measure (products, train_step,
+chains, accuracy) for annotations only; they import nothing of it."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import json
 import math
 import os
 import platform as host_platform
-import sys
 from typing import TYPE_CHECKING
 
 import jax
@@ -24,46 +26,6 @@ if TYPE_CHECKING:
 # Peak memory bandwidth (GB/s) by device_kind substring, for the %-of-HBM note.
 HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
             "A100": 1555}
-
-
-class Progress:
-    """tqdm when installed, else a one-line counter on stderr."""
-
-    def __init__(self, total: int, enabled: bool = True):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self._bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-                self._bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
-            except ImportError:
-                pass
-
-    def describe(self, text: str) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.set_description_str(text)
-        else:
-            sys.stderr.write(f"\r[{self.done:>3}/{self.total}] {text:<60.60}")
-            sys.stderr.flush()
-
-    def step(self) -> None:
-        self.done += 1
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        elif self.enabled:
-            sys.stderr.write(f"\r[{self.done:>3}/{self.total}] done{' ' * 56}\n")
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def geomeans(rows: list[Row]) -> list[dict]:
