@@ -1,8 +1,12 @@
 """Flax layers with `dot_general=jax_tiled.dot_general` (and nnx.Einsum with
 `einsum_op=jax_tiled.einsum`) compute what the stock layers compute, with
-every product of the forward and backward pass on tiled_matmul, and train alike."""
+every product of the forward and backward pass on tiled_matmul, and train alike
+(the digits example's model and step, examples/mlp_digits.py)."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -107,33 +111,23 @@ def test_nnx_passes_out_sharding_under_an_explicit_mesh():
 
 # ---- Training alike ----
 
-class MLP(nnx.Module):
-    def __init__(self, dot_general, rngs):
-        kw = {} if dot_general is None else {"dot_general": dot_general}
-        self.l1 = nnx.Linear(6, 32, rngs=rngs, **kw)
-        self.l2 = nnx.Linear(32, 32, rngs=rngs, **kw)
-        self.l3 = nnx.Linear(32, 3, rngs=rngs, **kw)
-
-    def __call__(self, x):
-        return self.l3(nnx.relu(self.l2(nnx.relu(self.l1(x)))))
+def _digits_example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "mlp_digits.py"
+    spec = importlib.util.spec_from_file_location("mlp_digits", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def train(dot_general, steps=30):
+    """The digits example's MLP and step, small, on random data."""
+    digits = _digits_example()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 6)).astype(np.float32)
     y = (x[:, :3] @ rng.standard_normal((3, 3)) > 0).argmax(-1)
-    model = MLP(dot_general, nnx.Rngs(0))
+    model = digits.MLP(dot_general, nnx.Rngs(0), inputs=6, hidden=32, classes=3)
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, optimizer, x, y):
-        def loss_fn(model):
-            return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-
-    return [float(step(model, optimizer, x, y)) for _ in range(steps)]
+    return [float(digits.train_step(model, optimizer, x, y)) for _ in range(steps)]
 
 
 def test_nnx_mlp_trains_as_the_stock_layers():
