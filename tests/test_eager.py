@@ -1,6 +1,7 @@
-"""Outside jit: an eager call's peak memory is jnp.matmul's plus a few MiB, and
-its overhead is no more than jnp's (each public call is one cached jitted
-function, not a product between eager reshapes that copy)."""
+"""Outside jit: each public call is one cached jitted function, as jnp.matmul
+is, not a product between eager reshapes that copy: its first call compiles
+one XLA computation, its second none, and its peak memory is jnp.matmul's plus
+a few MiB. (Counted, not timed: speed is the benchmark's.)"""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-# Each measurement runs in a fresh process (the peak resident memory of one
-# call, and the time of a small one).
+# Each measurement runs in a fresh process (its compilations, and the peak
+# resident memory of one call).
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "eager_call.py"
 
 
@@ -34,11 +35,14 @@ def clear_refs_works():
 @pytest.mark.parametrize("ours,theirs", [("matmul", "jnp.matmul"),
                                          ("dot_general", "lax.dot_general"),
                                          ("batched matmul", "batched jnp.matmul")])
-def test_eager_peak_memory_and_overhead_as_jnp(tmp_path, clear_refs_works, ours, theirs):
+def test_eager_call_is_one_compiled_function_and_jnps_memory(tmp_path, clear_refs_works, ours,
+                                                              theirs):
     mine, jnps = measure(tmp_path, ours), measure(tmp_path, theirs)
+    # One computation, compiled once, as jnp's (op by op, each reshape around
+    # the product was a computation of its own).
+    assert (mine["compiles"], mine["recompiles"]) == (1, 0), mine
+    assert (jnps["compiles"], jnps["recompiles"]) == (1, 0), jnps
     # The output (16 MiB here) is all either needs; before the fix the eager
     # reshapes around the product copied both operands and the result (+64 MiB).
     assert mine["peak_mib"] <= jnps["peak_mib"] + 4, (mine, jnps)
     assert mine["peak_mib"] < 2 * mine["out_mib"], mine
-    # One dispatch of one compiled function, as jnp's (before: four, ~3x jnp's time).
-    assert mine["call_us"] <= 1.5 * jnps["call_us"] + 20, (mine, jnps)

@@ -1,17 +1,16 @@
 """One eager call of a product, measured in a fresh process: `eager_call.py NAME N`.
 
-Run by tests/test_eager.py. Prints one JSON line: the peak resident memory of
-one call of NAME on N x N float32 operands (4 x N/2 x N/2 for the batched
-ones) over what its inputs already hold, after a warm-up call that compiles it
-(the peak is reset through /proc/self/clear_refs); the median time of a small
-(8 x 8) call; and the output's size.
+Run by tests/test_eager.py. Prints one JSON line: how many XLA compilations
+the first call of NAME on N x N float32 operands (4 x N/2 x N/2 for the
+batched ones) makes, and the second; the peak resident memory of the second
+call over what its inputs already hold (the peak is reset through
+/proc/self/clear_refs after the first); and the output's size.
 """
 
+import collections
 import gc
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ CALLS = {
     "batched matmul": jax_tiled.matmul,
     "batched jnp.matmul": jnp.matmul,
 }
+COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def status(field):
@@ -40,21 +40,18 @@ shape = (4, n // 2, n // 2) if name.startswith("batched") else (n, n)
 
 a = jax.random.normal(jax.random.key(0), shape, jnp.float32)
 b = jax.random.normal(jax.random.key(1), shape, jnp.float32)
+jax.block_until_ready((a, b))
+events = collections.Counter()
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kwargs: events.update([event]))
+
 f(a, b).block_until_ready()
+compiles = events[COMPILE]
 gc.collect()
 with open("/proc/self/clear_refs", "w") as refs:
     refs.write("5")
 base = status("VmRSS:")
 c = f(a, b).block_until_ready()
 peak = status("VmHWM:")
-
-x = y = jnp.ones((8, 8), jnp.float32)
-f(x, y).block_until_ready()
-times = []
-for _ in range(7):
-    t0 = time.perf_counter()
-    for _ in range(50):
-        f(x, y).block_until_ready()
-    times.append((time.perf_counter() - t0) / 50)
-print(json.dumps({"peak_mib": (peak - base) / 2**20, "call_us": statistics.median(times) * 1e6,
-                  "out_mib": c.nbytes / 2**20}))
+print(json.dumps({"compiles": compiles, "recompiles": events[COMPILE] - compiles,
+                  "peak_mib": (peak - base) / 2**20, "out_mib": c.nbytes / 2**20}))
