@@ -14,7 +14,6 @@ import argparse
 import json
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

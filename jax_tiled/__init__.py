@@ -21,14 +21,16 @@ if _util.find_spec("jax_tiled._cpu") is None:
         "run Python outside the repository root, or with `python -P` (PYTHONSAFEPATH=1), "
         "which keeps the current directory off sys.path.")
 
-from jax_tiled import checkpoint_policies
+from jax_tiled import (
+    _lowering,  # noqa: F401  (registers the primitive's lowering rules)
+    checkpoint_policies,
+)
 from jax_tiled._dot_general import dot_general, einsum
 from jax_tiled._explain import Explanation, explain, kernels
 from jax_tiled._export import export_disabled_checks
 from jax_tiled._matmul import matmul
 from jax_tiled._primitive import tiled_matmul_p
 from jax_tiled._tiled import tiled
-from jax_tiled import _lowering  # noqa: F401  (registers the primitive's lowering rules)
 
 __all__ = ["Explanation", "checkpoint_policies", "dot_general", "einsum", "explain",
            "export_disabled_checks", "kernels", "matmul", "tiled", "tiled_matmul_p"]

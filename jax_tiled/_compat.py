@@ -24,6 +24,15 @@ __all__ = ["DropVar", "Offloadable", "Recompute", "bind_with_params", "cast_to_v
 # our primitive calls it from inside its own lowering rule, where jit cannot
 # see it. jax's own custom-partitioned primitives (cuDNN attention, scaled
 # matmul) register the same way; there is no public hook.
+# Private, needed by every supported version, for `jax_tiled.tiled`'s jaxpr
+# interpreter (the rest of what it reads of a jaxpr is in `jax.extend`):
+# - the equations' output variables that nothing reads, and the jaxprs in an
+#   equation's parameters (`jax.extend.core` has neither in jax 0.8);
+# - a dtype conversion that sets the result's weak type, which the jaxpr being
+#   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
+# Private, needed by every supported version: the class of traced values, to
+# tell a call made while tracing from an eager one (inline_jit below).
+from jax._src.core import DropVar, Tracer, jaxprs_in_params
 from jax._src.dispatch import prim_requires_devices_during_lowering
 
 # Private, needed by every supported version: wraps a lowered value in the
@@ -32,23 +41,11 @@ from jax._src.dispatch import prim_requires_devices_during_lowering
 # jax's own lowering rules call it for the same purpose.
 from jax._src.interpreters.mlir import lower_with_sharding_in_types
 
-# Private, needed by every supported version, for `jax_tiled.tiled`'s jaxpr
-# interpreter (the rest of what it reads of a jaxpr is in `jax.extend`):
-# - the equations' output variables that nothing reads, and the jaxprs in an
-#   equation's parameters (`jax.extend.core` has neither in jax 0.8);
-# - a dtype conversion that sets the result's weak type, which the jaxpr being
-#   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
-from jax._src.core import DropVar, jaxprs_in_params
-from jax._src.lax.lax import _convert_element_type as convert_keeping_weak_type
-
-# Private, needed by every supported version: the class of traced values, to
-# tell a call made while tracing from an eager one (inline_jit below).
-from jax._src.core import Tracer
-
 # Private, needed by every supported version: what a remat policy returns for a
 # value to recompute or to move to another memory kind. jax's own policies
 # return these; `jax.checkpoint_policies` does not export them.
 from jax._src.interpreters.partial_eval import Offloadable, Recompute
+from jax._src.lax.lax import _convert_element_type as convert_keeping_weak_type
 
 
 def require_devices_during_lowering(primitive) -> None:

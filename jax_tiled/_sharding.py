@@ -46,7 +46,8 @@ import jax
 import numpy as np
 from jax import lax
 from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
 from jax_tiled import _canonical, _compat, _rings, overlap

@@ -35,8 +35,8 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.extend.core.primitives import dot_general_p, transpose_p
 
 from jax_tiled import _compat, checkpoint_policies
-from jax_tiled._dot_general import dot_general
 from jax_tiled._canonical import SUPPORTED_DTYPES
+from jax_tiled._dot_general import dot_general
 
 F = TypeVar("F", bound=Callable[..., Any])
 

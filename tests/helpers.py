@@ -218,9 +218,10 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     err = np.abs(out.astype(np.float64) - ref)
     assert np.all(np.isfinite(out)), "non-finite output"
     bad = err > tol
+    worst = np.argmax(err - tol)
     assert not bad.any(), (
-        f"{bad.sum()} of {bad.size} elements off; worst at {np.unravel_index(np.argmax(err - tol), err.shape)}: "
-        f"err {err.max():.3g}, tol there {tol.flat[np.argmax(err - tol)]:.3g}")
+        f"{bad.sum()} of {bad.size} elements off; worst at {np.unravel_index(worst, err.shape)}: "
+        f"err {err.max():.3g}, tol there {tol.flat[worst]:.3g}")
 
 
 def relative_norm_error(out, a_op, b_op) -> float:

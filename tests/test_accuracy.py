@@ -24,7 +24,6 @@ import pytest
 from jax import lax
 
 import jax_tiled
-
 from helpers import kernels_on
 
 F32, BF16, F16 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float16))

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from jax_tiled.bench import accuracy, chains, cli, harness, products, report, train_step
-
 from helpers import count_equations, equations
+from jax_tiled.bench import accuracy, chains, cli, harness, products, report, train_step
 
 TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "float32",
              "--repeats", "5", "--no-progress"]
@@ -233,7 +232,7 @@ def test_chains_time_ours_against_the_peer_per_product(tmp_path, capsys):
     rows = {(r["form"], r["size"], r["kernel"]): r for r in result["rows"]}
     assert set(rows) == {(form, size, kernel) for form in chains.FORMS for size in (16, 24)
                          for kernel in ("jnp.matmul", "auto")}
-    for (form, size, kernel), row in rows.items():
+    for (_, _, kernel), row in rows.items():
         assert row["error"] is None and row["us_per_product"] > 0
         assert row["us_per_product"] == pytest.approx(row["ms"] * 1e3 / 3)
         assert row["err"]["x"] <= row["tolerance"]

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import jax_tiled
+from helpers import count_equations as count
+from helpers import random_array
 from jax_tiled import checkpoint_policies as policies
-from helpers import count_equations as count, random_array
 
 
 def products_in_grad(f, *args) -> int:

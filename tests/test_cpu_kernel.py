@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from helpers import CPU_KERNELS, HIGHEST, LAYOUTS, bind_product, operands, x64
 
 EDGE_ROWS = (1, 7, 12, 13)

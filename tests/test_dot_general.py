@@ -228,7 +228,8 @@ def explicit_mesh():
                                       jax.sharding.PartitionSpec("data", None),
                                       jax.sharding.PartitionSpec()], ids=str)
 def test_out_sharding_as_jnp(rng, out_spec):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = explicit_mesh()
     x_np, w_np = operands(rng, (8, 16), (16, 4))
     with jax.set_mesh(mesh):
@@ -257,7 +258,8 @@ def test_out_sharding_as_jnp(rng, out_spec):
 
 
 def test_out_sharding_over_automatic_axes_is_refused_as_jnp_refuses_it():
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices("cpu")[:4])
     x, w = jnp.ones((8, 16)), jnp.ones((16, 4))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import flatbuffers  # noqa: F401  (a test dependency: jax.export serializes with it)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +18,6 @@ from jax import export
 
 import jax_tiled
 from helpers import F32, HIGHEST, random_array
-
-import flatbuffers  # noqa: F401  (a test dependency: jax.export serializes with it)
 
 b, m, k, n = export.symbolic_shape("b, m, k, n")
 # The target jax.export lowers for: that of the default backend.

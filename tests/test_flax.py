@@ -11,14 +11,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-
-import jax_tiled
-from helpers import assert_trees_close as assert_close
 
 # Test dependencies (README: "Test"); imported outright, so that a missing one fails.
 import optax
-from flax import linen as nn, nnx
+import pytest
+from flax import linen as nn
+from flax import nnx
+
+import jax_tiled
+from helpers import assert_trees_close as assert_close
 
 
 def no_dot_general(f, *args):
@@ -95,7 +96,8 @@ def test_nnx_einsum_with_einsum_op():
 
 
 def test_nnx_passes_out_sharding_under_an_explicit_mesh():
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2,
                          devices=jax.devices("cpu")[:4])
     with jax.set_mesh(mesh):

@@ -8,15 +8,22 @@ from __future__ import annotations
 import itertools
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
 import jax_tiled
+from helpers import (
+    CPU_KERNELS,
+    CUDA_TABLE,
+    F32,
+    SIMT_KERNELS,
+    TENSOR_CORE_KERNELS,
+    admits,
+    tensor_cores_of_this_gpu,
+)
 from jax_tiled import _ffi
-from helpers import (CPU_KERNELS, CUDA_TABLE, F32, SIMT_KERNELS, TENSOR_CORE_KERNELS, admits,
-                     tensor_cores_of_this_gpu)
 
 S = jax.ShapeDtypeStruct
 

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from jax_tiled import _ffi
-
 from helpers import HIGHEST, assert_matmul_close, random_array
+from jax_tiled import _ffi
 
 _FLAGS = re.compile(r"transpose_a = (true|false), transpose_b = (true|false)")
 

@@ -16,8 +16,18 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import (F32, LAYOUTS, assert_matmul_close, bind_product, kernels_on,
-                     matmul_problem, operands, random_array, tensor_kernels_on, x64)
+from helpers import (
+    F32,
+    LAYOUTS,
+    assert_matmul_close,
+    bind_product,
+    kernels_on,
+    matmul_problem,
+    operands,
+    random_array,
+    tensor_kernels_on,
+    x64,
+)
 
 # jnp.matmul's own cases: vectors, matrices, broadcast batches.
 SHAPE_CASES = [

@@ -19,12 +19,25 @@ import numpy as np
 import pytest
 from jax import lax
 
-import jax_tiled
-from jax_tiled import _ffi
 import helpers
-from helpers import (CPU_KERNELS, F32, LAYOUTS, SIMT_KERNELS, TENSOR_CORE_KERNELS,
-                     assert_matmul_close, bind_product, kernels_on, matmul_problem, operands,
-                     random_array, relative_norm_error, tensor_core_kernels, tensor_kernels_on)
+import jax_tiled
+from helpers import (
+    CPU_KERNELS,
+    F32,
+    LAYOUTS,
+    SIMT_KERNELS,
+    TENSOR_CORE_KERNELS,
+    assert_matmul_close,
+    bind_product,
+    kernels_on,
+    matmul_problem,
+    operands,
+    random_array,
+    relative_norm_error,
+    tensor_core_kernels,
+    tensor_kernels_on,
+)
+from jax_tiled import _ffi
 
 # The true-fp32 kernel whose error HIGH is held to, per platform.
 FP32_KERNEL = {"cpu": CPU_KERNELS[0], "cuda": "warptile"}

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-import jax_tiled
-from jax_tiled import _presets
 import helpers
-from helpers import EPS, F32, equations, random_array, relative_norm_error, x64
+import jax_tiled
+from helpers import EPS, F32, equations, random_array, x64
+from jax_tiled import _presets
 
 Preset = lax.DotAlgorithmPreset
 BF16 = np.dtype(jnp.bfloat16)
@@ -394,7 +394,7 @@ def test_presets_cpu_refuses_raise_at_trace_time(preset):
             "einsum": lambda a, b: jax_tiled.einsum("ik,kj->ij", a, b, precision=preset),
             "tiled": jax_tiled.tiled(lambda a, b: jnp.matmul(a, b, precision=preset)),
         }
-        for name, entry in entries.items():
+        for entry in entries.values():
             with pytest.raises(ValueError, match=pattern):
                 jax.make_jaxpr(entry)(a, b)
         with pytest.raises(ValueError, match=pattern):

@@ -18,11 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_tiled
-from helpers import (FORBIDDEN, HIGHEST, assert_matmul_close, assert_trees_close, bind_product,
-                     loss_of, random_array, reference, tiled)
+from helpers import (
+    FORBIDDEN,
+    HIGHEST,
+    assert_matmul_close,
+    assert_trees_close,
+    bind_product,
+    loss_of,
+    random_array,
+    reference,
+    tiled,
+)
 
 TARGETS = {"cpu": "tiled_matmul_cpu", "cuda": "tiled_matmul_cuda"}
 

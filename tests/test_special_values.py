@@ -25,10 +25,9 @@ import pytest
 from jax import lax
 
 import jax_tiled
+from helpers import EPS, accumulation_rounding, input_rounding, kernels_on, x64
 from jax_tiled._checks import canonical_precision
 from jax_tiled._primitive import tiled_matmul
-
-from helpers import EPS, accumulation_rounding, input_rounding, kernels_on, x64
 
 F32, BF16, F16, F64 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float16, np.float64))
 
@@ -125,7 +124,8 @@ def assert_special_values(out, a, b, *, platform, precision, out_dtype, subnorma
     wrong = got != ref_kinds
     assert not wrong.any(), (
         f"{wrong.sum()} of {wrong.size} elements of the wrong kind (0 finite, 1 NaN, 2 +inf, "
-        f"3 -inf); first at {np.argwhere(wrong)[0]}: got {got[wrong][0]}, want {ref_kinds[wrong][0]}")
+        f"3 -inf); first at {np.argwhere(wrong)[0]}: got {got[wrong][0]}, "
+        f"want {ref_kinds[wrong][0]}")
 
     finite = ref_kinds == 0
     a0, b0 = np.where(np.isfinite(a64), a64, 0), np.where(np.isfinite(b64), b64, 0)
@@ -152,7 +152,7 @@ def stored(x, transposed):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"tA{int(l[0])}tB{int(l[1])}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: f"tA{int(t[0])}tB{int(t[1])}")
 @pytest.mark.parametrize("in_dtype,out_dtype,precision", CONFIGS, ids=CONFIG_IDS)
 def test_every_kernel_gives_true_arithmetics_special_values(platform, rng, in_dtype, out_dtype,
                                                              precision, layout, shape):

@@ -15,10 +15,19 @@ import numpy as np
 import pytest
 
 import jax_tiled
+from helpers import (
+    F32,
+    LAYOUTS,
+    TENSOR_CORE_KERNELS,
+    assert_matmul_close,
+    bind_product,
+    operands,
+    random_array,
+    relative_norm_error,
+    tensor_core_kernels,
+    tensor_cores_of_this_gpu,
+)
 from jax_tiled import _ffi
-from helpers import (F32, LAYOUTS, TENSOR_CORE_KERNELS, assert_matmul_close, bind_product,
-                     operands, random_array, relative_norm_error, tensor_core_kernels,
-                     tensor_cores_of_this_gpu)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
 

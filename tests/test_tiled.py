@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-import jax_tiled
 import helpers
+import jax_tiled
 from helpers import count_equations, equations, random_array
 
 # Routed products are held to 1e-5 of the stock computation unless a test says otherwise.

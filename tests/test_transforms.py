@@ -10,8 +10,19 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_tiled
-from helpers import (FORBIDDEN, HIGHEST, assert_matmul_close, assert_trees_close, bind_product,
-                     kernels_on, loss_of, random_array, reference, tiled, x64)
+from helpers import (
+    FORBIDDEN,
+    HIGHEST,
+    assert_matmul_close,
+    assert_trees_close,
+    bind_product,
+    kernels_on,
+    loss_of,
+    random_array,
+    reference,
+    tiled,
+    x64,
+)
 
 GRAD_SHAPES = [
     ((7, 13), (13, 5)),

@@ -8,21 +8,48 @@ import sys
 import jax
 
 import jax_tiled.bench as package
-from jax_tiled.bench.accuracy import (ACCURACY_SHAPES, DEFINITIONS, LEGEND, WIDE_OUTPUT_SHAPES,
-                                      run_accuracy)
-from jax_tiled.bench.chains import (CHAIN_DTYPES, CHAIN_LENGTH, CHAIN_SIZES, describe_chains,
-                                    run_chains)
+from jax_tiled.bench.accuracy import (
+    ACCURACY_SHAPES,
+    DEFINITIONS,
+    LEGEND,
+    WIDE_OUTPUT_SHAPES,
+    run_accuracy,
+)
+from jax_tiled.bench.chains import (
+    CHAIN_DTYPES,
+    CHAIN_LENGTH,
+    CHAIN_SIZES,
+    describe_chains,
+    run_chains,
+)
 from jax_tiled.bench.harness import AGREEMENT_TEXT, DTYPES, PRECISIONS, TRUTH_TEXT
 from jax_tiled.bench.plot import pyplot, write_plot
 from jax_tiled.bench.products import run_all
-from jax_tiled.bench.report import (device_info, device_label, format_accuracy_table,
-                                    format_chain_table, format_geomeans, format_step_table,
-                                    format_table, geomeans, hbm_gbps, heading, json_rows,
-                                    write_json)
+from jax_tiled.bench.report import (
+    device_info,
+    device_label,
+    format_accuracy_table,
+    format_chain_table,
+    format_geomeans,
+    format_step_table,
+    format_table,
+    geomeans,
+    hbm_gbps,
+    heading,
+    json_rows,
+    write_json,
+)
 from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
 from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
-from jax_tiled.bench.train_step import (MODELS, TRAIN_SIZE, describe_train_step,
-                                        run_train_steps, step_flops, step_of)
+from jax_tiled.bench.train_step import (
+    MODELS,
+    TRAIN_SIZE,
+    describe_train_step,
+    run_train_steps,
+    step_flops,
+    step_of,
+)
+
 
 def _split(values: list[str] | None) -> list[str] | None:
     if not values:

@@ -8,8 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_tiled.bench.harness import (VersusPeer, count_rows, kernels_for, matmul_fn,
-                                     measure_against_peers, measure_into, precisions_for)
+from jax_tiled.bench.harness import (
+    VersusPeer,
+    count_rows,
+    kernels_for,
+    matmul_fn,
+    measure_against_peers,
+    measure_into,
+    precisions_for,
+)
 from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.shapes import Shape
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets

@@ -31,9 +31,15 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from jax_tiled.bench.harness import (PEER, VersusPeer, count_rows, matmul_fn,
-                                     measure_agreeing_with_peers, measure_into,
-                                     relative_distance, truth_of)
+from jax_tiled.bench.harness import (
+    VersusPeer,
+    count_rows,
+    matmul_fn,
+    measure_agreeing_with_peers,
+    measure_into,
+    relative_distance,
+    truth_of,
+)
 from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.shapes import Shape
 from jax_tiled.bench.timing import Budget, choose_sets, random_sets
