@@ -31,8 +31,8 @@ struct MatmulProblem {
 
   // A problem over contiguous row-major arrays with these sizes: operand
   // batches of 1 broadcast (stride 0).
-  static MatmulProblem Contiguous(int64_t batch_a, int64_t batch_b, int64_t m, int64_t n,
-                                  int64_t k, bool transpose_a, bool transpose_b) {
+  static MatmulProblem Contiguous(int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k,
+                                  bool transpose_a, bool transpose_b) {
     MatmulProblem p;
     p.batch = batch_a == 0 || batch_b == 0 ? 0 : std::max(batch_a, batch_b);
     p.m = m, p.n = n, p.k = k;
@@ -51,8 +51,8 @@ struct MatmulProblem {
 };
 
 inline bool IsSupportedFloat(ffi::DataType t) {
-  return t == ffi::DataType::F16 || t == ffi::DataType::BF16 ||
-         t == ffi::DataType::F32 || t == ffi::DataType::F64;
+  return t == ffi::DataType::F16 || t == ffi::DataType::BF16 || t == ffi::DataType::F32 ||
+         t == ffi::DataType::F64;
 }
 
 inline const char* DataTypeName(ffi::DataType t) {
@@ -79,23 +79,23 @@ inline ffi::Unexpected<ffi::Error> Invalid(const std::string& what) {
 }
 }  // namespace detail
 
-inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
-    const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
-    const ffi::AnyBuffer& out, bool transpose_a, bool transpose_b,
-    Precision precision, std::string_view kernel) {
+inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(const ffi::AnyBuffer& a,
+                                                     const ffi::AnyBuffer& b,
+                                                     const ffi::AnyBuffer& out, bool transpose_a,
+                                                     bool transpose_b, Precision precision,
+                                                     std::string_view kernel) {
   using detail::Dims;
   using detail::Invalid;
   auto ad = a.dimensions(), bd = b.dimensions(), od = out.dimensions();
   if (ad.size() != 3 || bd.size() != 3 || od.size() != 3)
-    return Invalid("operands and result must have rank 3, got a" + Dims(ad) +
-                   ", b" + Dims(bd) + ", out" + Dims(od));
+    return Invalid("operands and result must have rank 3, got a" + Dims(ad) + ", b" + Dims(bd) +
+                   ", out" + Dims(od));
   for (auto t : {a.element_type(), b.element_type(), out.element_type()})
     if (!IsSupportedFloat(t))
       return Invalid("dtypes must be float16, bfloat16, float32 or float64");
   if (a.element_type() != b.element_type())
-    return Invalid(std::string("operand dtypes differ: ") +
-                   DataTypeName(a.element_type()) + " and " +
-                   DataTypeName(b.element_type()));
+    return Invalid(std::string("operand dtypes differ: ") + DataTypeName(a.element_type()) +
+                   " and " + DataTypeName(b.element_type()));
   if (!PrecisionFromCode(static_cast<int32_t>(precision)))
     return Invalid("precision attribute must be 0, 1 or 2, got " +
                    std::to_string(static_cast<int32_t>(precision)));
@@ -106,17 +106,14 @@ inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(
   const int64_t n = transpose_b ? bd[1] : bd[2];
   const int64_t kb = transpose_b ? bd[2] : bd[1];
   if (kb != k)
-    return Invalid("contracting dimensions differ: a" + Dims(ad) + " has " +
-                   std::to_string(k) + ", b" + Dims(bd) + " has " +
-                   std::to_string(kb));
+    return Invalid("contracting dimensions differ: a" + Dims(ad) + " has " + std::to_string(k) +
+                   ", b" + Dims(bd) + " has " + std::to_string(kb));
   if (od[1] != m || od[2] != n)
-    return Invalid("result " + Dims(od) + " does not match a" + Dims(ad) +
-                   " @ b" + Dims(bd));
+    return Invalid("result " + Dims(od) + " does not match a" + Dims(ad) + " @ b" + Dims(bd));
   auto batch_ok = [&](int64_t x) { return x == batch || x == 1; };
   if (!batch_ok(ad[0]) || !batch_ok(bd[0]))
-    return Invalid("operand batches " + std::to_string(ad[0]) + " and " +
-                   std::to_string(bd[0]) + " must each be 1 or the result's " +
-                   std::to_string(batch));
+    return Invalid("operand batches " + std::to_string(ad[0]) + " and " + std::to_string(bd[0]) +
+                   " must each be 1 or the result's " + std::to_string(batch));
   MatmulProblem p = MatmulProblem::Contiguous(ad[0], bd[0], m, n, k, transpose_a, transpose_b);
   p.batch = batch;  // the result's: two broadcast operands may still meet an empty batch
   p.in_type = a.element_type();

@@ -54,8 +54,11 @@ def train(steps: int, seed: int):
     def loss(w, b, x, y):
         return -jnp.mean(jnp.sum(jax.nn.one_hot(y, 3) * jnp.log(predict(w, b, x) + 1e-9), -1))
 
-    step = jax.jit(lambda w, b, x, y: jax.tree.map(
-        lambda p, g: p - 0.5 * g, (w, b), jax.grad(loss, (0, 1))(w, b, x, y)))
+    step = jax.jit(
+        lambda w, b, x, y: jax.tree.map(
+            lambda p, g: p - 0.5 * g, (w, b), jax.grad(loss, (0, 1))(w, b, x, y)
+        )
+    )
     x = rng.standard_normal((256, 8)).astype(np.float32)
     y = np.argmax(x @ true_w, -1)
     first = float(loss(w, b, x, y))
@@ -71,17 +74,21 @@ def main():
     args = parser.parse_args()
     w, b, first, final = train(args.steps, args.seed)
 
-    batch, = export.symbolic_shape("batch")
+    (batch,) = export.symbolic_shape("batch")
     exported = export.export(
         jax.jit(lambda x: predict(w, b, x)),
         disabled_checks=jax_tiled.export_disabled_checks(),  # the kernels' FFI calls
     )(jax.ShapeDtypeStruct((batch, 8), jnp.float32))
-    print(f"trained {args.steps} steps (loss {first:.3f} -> {final:.3f}); exported for "
-          f"input {exported.in_avals[0].str_short()} -> {exported.out_avals[0].str_short()}")
+    print(
+        f"trained {args.steps} steps (loss {first:.3f} -> {final:.3f}); exported for "
+        f"input {exported.in_avals[0].str_short()} -> {exported.out_avals[0].str_short()}"
+    )
 
     rng = np.random.default_rng(args.seed + 1)
-    inputs = {"batch of 5": rng.standard_normal((5, 8)).astype(np.float32),
-              "batch of 64": rng.standard_normal((64, 8)).astype(np.float32)}
+    inputs = {
+        "batch of 5": rng.standard_normal((5, 8)).astype(np.float32),
+        "batch of 64": rng.standard_normal((64, 8)).astype(np.float32),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "predict.jax")
         with open(model, "wb") as f:
@@ -89,8 +96,13 @@ def main():
         np.savez(os.path.join(tmp, "inputs.npz"), **inputs)
         with open(os.path.join(tmp, "load.py"), "w") as f:
             f.write(LOADER)
-        loaded = subprocess.run([sys.executable, "load.py", model, "inputs.npz"], cwd=tmp,
-                                capture_output=True, text=True, check=True)
+        loaded = subprocess.run(
+            [sys.executable, "load.py", model, "inputs.npz"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     answers = json.loads(loaded.stdout.strip().splitlines()[-1])
     worst = 0.0
     for name, x in inputs.items():
@@ -98,10 +110,21 @@ def main():
         there = np.asarray(answers[name], np.float32)
         assert there.shape == here.shape, (there.shape, here.shape)
         worst = max(worst, float(np.abs(there - here).max()))
-        print(f"{name}: loaded in a new process, called, shape {there.shape}, "
-              f"max difference from this process {np.abs(there - here).max():.2g}")
-    print(json.dumps({"steps": args.steps, "first_loss": first, "final_loss": final,
-                      "batches": [len(x) for x in inputs.values()], "max_difference": worst}))
+        print(
+            f"{name}: loaded in a new process, called, shape {there.shape}, "
+            f"max difference from this process {np.abs(there - here).max():.2g}"
+        )
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "first_loss": first,
+                "final_loss": final,
+                "batches": [len(x) for x in inputs.values()],
+                "max_difference": worst,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ import jax_tiled
 class MLP(nnx.Module):
     """Two hidden layers; `dot_general=None` keeps the stock layers' products."""
 
-    def __init__(self, dot_general, rngs: nnx.Rngs, inputs: int = 64, hidden: int = 128,
-                 classes: int = 10):
+    def __init__(
+        self, dot_general, rngs: nnx.Rngs, inputs: int = 64, hidden: int = 128, classes: int = 10
+    ):
         kw = {} if dot_general is None else {"dot_general": dot_general}
         self.l1 = nnx.Linear(inputs, hidden, rngs=rngs, **kw)
         self.l2 = nnx.Linear(hidden, hidden, rngs=rngs, **kw)
@@ -41,8 +42,10 @@ class MLP(nnx.Module):
 @nnx.jit
 def train_step(model, optimizer, x, y):
     """One optax step on the mean cross-entropy of (x, y); returns the loss."""
+
     def loss_fn(model):
         return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
     loss, grads = nnx.value_and_grad(loss_fn)(model)
     optimizer.update(model, grads)
     return loss
@@ -68,8 +71,11 @@ def train(dot_general, steps: int, batch_size: int, seed: int) -> dict:
     for _ in range(steps):
         batch = order.choice(len(x_train), batch_size, replace=False)
         loss = train_step(model, optimizer, x_train[batch], y_train[batch])
-    return {"loss": float(loss), "accuracy": float(accuracy(model, x_test, y_test)),
-            "seconds": time.perf_counter() - start}
+    return {
+        "loss": float(loss),
+        "accuracy": float(accuracy(model, x_test, y_test)),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def main():
@@ -80,8 +86,12 @@ def main():
     args = parser.parse_args()
     tiled = train(jax_tiled.dot_general, args.steps, args.batch_size, args.seed)
     stock = train(None, args.steps, args.batch_size, args.seed)
-    print(f"jax_tiled layers: test accuracy {tiled['accuracy']:.4f}, final loss {tiled['loss']:.4f}")
-    print(f"stock layers:     test accuracy {stock['accuracy']:.4f}, final loss {stock['loss']:.4f}")
+    print(
+        f"jax_tiled layers: test accuracy {tiled['accuracy']:.4f}, final loss {tiled['loss']:.4f}"
+    )
+    print(
+        f"stock layers:     test accuracy {stock['accuracy']:.4f}, final loss {stock['loss']:.4f}"
+    )
     print(json.dumps({"steps": args.steps, "tiled": tiled, "stock": stock}))
 
 

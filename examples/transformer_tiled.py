@@ -32,8 +32,9 @@ class Block(nnx.Module):
         self.embed = nnx.Embed(vocab, width, rngs=rngs)
         self.position = nnx.Param(0.1 * jax.random.normal(rngs.params(), (length, width)))
         self.norm1 = nnx.LayerNorm(width, rngs=rngs)
-        self.attention = nnx.MultiHeadAttention(num_heads=heads, in_features=width,
-                                                decode=False, rngs=rngs)
+        self.attention = nnx.MultiHeadAttention(
+            num_heads=heads, in_features=width, decode=False, rngs=rngs
+        )
         self.norm2 = nnx.LayerNorm(width, rngs=rngs)
         self.up = nnx.Linear(width, 4 * width, rngs=rngs)
         self.down = nnx.Linear(4 * width, width, rngs=rngs)
@@ -56,10 +57,12 @@ def batches(seed: int, vocab: int, length: int, batch_size: int):
 def float_dots(jaxpr) -> int:
     """Floating-point dot_general equations left in a jaxpr, sub-jaxprs included."""
     from jax._src import core
+
     n = 0
     for eqn in jaxpr.eqns:
         n += eqn.primitive.name == "dot_general" and jnp.issubdtype(
-            eqn.outvars[0].aval.dtype, jnp.floating)
+            eqn.outvars[0].aval.dtype, jnp.floating
+        )
         n += sum(float_dots(sub) for sub in core.jaxprs_in_params(eqn.params))
     return n
 
@@ -94,9 +97,14 @@ def train(route: bool, args) -> dict:
     tokens, targets = next(data)
     logits = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))(params, tokens)
     accuracy = float(jnp.mean(jnp.argmax(logits, -1)[:, 1:] == targets[:, 1:]))
-    return {"first_loss": losses[0], "final_loss": losses[-1], "accuracy": accuracy,
-            "seconds": time.perf_counter() - start, "float_dot_generals_in_step": float_dots(jaxpr),
-            "tiled_matmuls_in_step": str(jaxpr).count("tiled_matmul[")}
+    return {
+        "first_loss": losses[0],
+        "final_loss": losses[-1],
+        "accuracy": accuracy,
+        "seconds": time.perf_counter() - start,
+        "float_dot_generals_in_step": float_dots(jaxpr),
+        "tiled_matmuls_in_step": str(jaxpr).count("tiled_matmul["),
+    }
 
 
 def main():
@@ -111,10 +119,12 @@ def main():
     args = parser.parse_args()
     routed, stock = train(True, args), train(False, args)
     for name, run in (("jax_tiled.tiled", routed), ("stock", stock)):
-        print(f"{name:16s} loss {run['first_loss']:.3f} -> {run['final_loss']:.3f}, "
-              f"accuracy {run['accuracy']:.3f}; products in the step: "
-              f"{run['tiled_matmuls_in_step']} on tiled_matmul, "
-              f"{run['float_dot_generals_in_step']} dot_general")
+        print(
+            f"{name:16s} loss {run['first_loss']:.3f} -> {run['final_loss']:.3f}, "
+            f"accuracy {run['accuracy']:.3f}; products in the step: "
+            f"{run['tiled_matmuls_in_step']} on tiled_matmul, "
+            f"{run['float_dot_generals_in_step']} dot_general"
+        )
     print(json.dumps({"steps": args.steps, "tiled": routed, "stock": stock}))
 
 

@@ -36,18 +36,21 @@ def problem_dims(a_shape, b_shape, transpose_a, transpose_b):
     """(B, M, N, K) of a canonical problem, or a TypeError naming the shapes."""
     if len(a_shape) != 3 or len(b_shape) != 3:
         raise TypeError(
-            f"tiled_matmul: operands must have rank 3, got shapes {a_shape} and {b_shape}")
+            f"tiled_matmul: operands must have rank 3, got shapes {a_shape} and {b_shape}"
+        )
     (_, am, ak), (_, bk, bn) = positions(transpose_a, transpose_b)
     m, k, kb, n = a_shape[am], a_shape[ak], b_shape[bk], b_shape[bn]
     if k != kb:
         raise TypeError(
             f"tiled_matmul: contracting dimensions differ: a{tuple(a_shape)} has K={k} and "
-            f"b{tuple(b_shape)} has K={kb} (transpose_a={transpose_a}, transpose_b={transpose_b})")
+            f"b{tuple(b_shape)} has K={kb} (transpose_a={transpose_a}, transpose_b={transpose_b})"
+        )
     ba, bb = a_shape[0], b_shape[0]
     out_batch = batch(ba, bb)
     if ba not in (1, out_batch) or bb not in (1, out_batch):
         raise TypeError(
-            f"tiled_matmul: operand batches {ba} and {bb} must each be 1 or the same size")
+            f"tiled_matmul: operand batches {ba} and {bb} must each be 1 or the same size"
+        )
     return out_batch, m, n, k
 
 

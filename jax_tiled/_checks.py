@@ -47,7 +47,7 @@ def hashable(x):
 
 
 def kernel(name: Any, api: str = "jax_tiled.matmul") -> str:
-    """"auto" or a kernel some platform of this build has (the lowering checks
+    """ "auto" or a kernel some platform of this build has (the lowering checks
     the platform it lowers for)."""
     if not isinstance(name, str):
         raise TypeError(f"{api}: kernel must be a string, got {name!r}")
@@ -76,12 +76,14 @@ def _one_precision(p, allow_preset: bool) -> lax.Precision | lax.DotAlgorithmPre
     if isinstance(p, lax.DotAlgorithm):
         raise ValueError(
             f"jax_tiled.matmul: unsupported precision {p!r}: a custom lax.DotAlgorithm; use a "
-            "lax.DotAlgorithmPreset (or its name) or a lax.Precision")
+            "lax.DotAlgorithmPreset (or its name) or a lax.Precision"
+        )
     pair = "" if allow_preset else " in a pair (a lax.DotAlgorithmPreset stands alone)"
     raise ValueError(
         f"jax_tiled.matmul: unsupported precision {p!r}{pair}; use None, a lax.Precision, one of "
         "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', a pair of them, "
-        "or a lax.DotAlgorithmPreset or its name")
+        "or a lax.DotAlgorithmPreset or its name"
+    )
 
 
 def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgorithmPreset:
@@ -95,9 +97,12 @@ def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgo
     if isinstance(precision, (tuple, list)) and not isinstance(precision, lax.DotAlgorithm):
         if len(precision) != 2:
             raise ValueError(
-                f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}")
-        return max((_one_precision(p, allow_preset=False) for p in precision),
-                   key=PRECISION_CODES.__getitem__)
+                f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}"
+            )
+        return max(
+            (_one_precision(p, allow_preset=False) for p in precision),
+            key=PRECISION_CODES.__getitem__,
+        )
     return _one_precision(precision, allow_preset=True)
 
 
@@ -118,8 +123,9 @@ def float_dtype(name: str, dtype, api: str = "jax_tiled.matmul") -> np.dtype:
     """`dtype` if the kernels compute it, else a TypeError naming it."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{api}: unsupported dtype {dtype.name} for {name}; "
-                        f"supported: {_SUPPORTED_NAMES}")
+        raise TypeError(
+            f"{api}: unsupported dtype {dtype.name} for {name}; supported: {_SUPPORTED_NAMES}"
+        )
     return dtype
 
 
@@ -139,7 +145,8 @@ def operand_dtypes(lhs_dtype, rhs_dtype, api: str) -> None:
             f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
             f"{np.dtype(rhs_dtype).name}) are not computed by jax_tiled's floating-point "
             f"kernels; use jnp.matmul / lax.dot_general for them, or cast an operand to one "
-            f"of {_SUPPORTED_NAMES}")
+            f"of {_SUPPORTED_NAMES}"
+        )
 
 
 def matmul_dtype(a, b, api: str) -> np.dtype:
@@ -168,8 +175,9 @@ def out_dtype(dtype: np.dtype, preferred_element_type: DTypeLike, api: str) -> n
     """The result's dtype: `preferred_element_type`, or the operands' dtype."""
     if preferred_element_type is None:
         return dtype
-    return float_dtype("preferred_element_type",
-                       jax.dtypes.canonicalize_dtype(preferred_element_type), api)
+    return float_dtype(
+        "preferred_element_type", jax.dtypes.canonicalize_dtype(preferred_element_type), api
+    )
 
 
 # ---- Shapes ----
@@ -185,11 +193,14 @@ def dimension_numbers(numbers, api: str) -> tuple:
 
     try:
         (lc, rc), (lb, rb) = numbers
-        return tuple(tuple(tuple(map(index, group)) for group in pair)
-                     for pair in ((lc, rc), (lb, rb)))
+        return tuple(
+            tuple(tuple(map(index, group)) for group in pair) for pair in ((lc, rc), (lb, rb))
+        )
     except (TypeError, ValueError):
-        raise TypeError(f"{api}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
-                        f"(lhs_batch, rhs_batch)), sequences of ints; got {numbers!r}") from None
+        raise TypeError(
+            f"{api}: dimension_numbers must be ((lhs_contracting, rhs_contracting), "
+            f"(lhs_batch, rhs_batch)), sequences of ints; got {numbers!r}"
+        ) from None
 
 
 def dot_general_shapes(lhs_shape, rhs_shape, dims, api: str) -> None:
@@ -199,20 +210,26 @@ def dot_general_shapes(lhs_shape, rhs_shape, dims, api: str) -> None:
     for side, shape, contract, batch in (("lhs", lhs_shape, lc, lb), ("rhs", rhs_shape, rc, rb)):
         bad = [d for d in contract + batch if not 0 <= d < len(shape)]
         if bad:
-            raise TypeError(f"{api}: {side} dimensions {bad} out of range for {side} of shape "
-                            f"{tuple(shape)} (contracting {contract}, batch {batch})")
+            raise TypeError(
+                f"{api}: {side} dimensions {bad} out of range for {side} of shape "
+                f"{tuple(shape)} (contracting {contract}, batch {batch})"
+            )
         if len(set(contract + batch)) != len(contract + batch):
-            raise TypeError(f"{api}: {side} contracting {contract} and batch {batch} dimensions "
-                            "must be distinct")
+            raise TypeError(
+                f"{api}: {side} contracting {contract} and batch {batch} dimensions "
+                "must be distinct"
+            )
     for kind, left, right in (("contracting", lc, rc), ("batch", lb, rb)):
         if len(left) != len(right):
             raise TypeError(
-                f"{api}: lhs and rhs need as many {kind} dimensions, got {left} and {right}")
+                f"{api}: lhs and rhs need as many {kind} dimensions, got {left} and {right}"
+            )
         for i, j in zip(left, right):
             if lhs_shape[i] != rhs_shape[j]:
                 raise TypeError(
                     f"{api}: {kind} dimensions differ: lhs{tuple(lhs_shape)} has {lhs_shape[i]} "
-                    f"at dimension {i}, rhs{tuple(rhs_shape)} has {rhs_shape[j]} at dimension {j}")
+                    f"at dimension {i}, rhs{tuple(rhs_shape)} has {rhs_shape[j]} at dimension {j}"
+                )
 
 
 def matmul_shapes(a_shape, b_shape, api: str) -> tuple:
@@ -220,20 +237,22 @@ def matmul_shapes(a_shape, b_shape, api: str) -> tuple:
     shape (1-D operands have none: a is a row, b a column)."""
     a_shape, b_shape = tuple(a_shape), tuple(b_shape)
     if not a_shape or not b_shape:
-        raise ValueError(f"{api}: operands must have at least 1 dimension, got shapes "
-                         f"{a_shape} and {b_shape}")
+        raise ValueError(
+            f"{api}: operands must have at least 1 dimension, got shapes {a_shape} and {b_shape}"
+        )
     k, k_b = a_shape[-1], b_shape[-2 if len(b_shape) > 1 else 0]
     if k != k_b:
-        raise ValueError(f"{api}: contracting dimensions differ: a{a_shape} has {k}, "
-                         f"b{b_shape} has {k_b}")
+        raise ValueError(
+            f"{api}: contracting dimensions differ: a{a_shape} has {k}, b{b_shape} has {k_b}"
+        )
     try:
         return broadcast_shapes(a_shape[:-2], b_shape[:-2])
     except ValueError:
-        raise ValueError(f"{api}: batch dimensions of a{a_shape} and b{b_shape} "
-                         "do not broadcast") from None
+        raise ValueError(
+            f"{api}: batch dimensions of a{a_shape} and b{b_shape} do not broadcast"
+        ) from None
 
 
 def broadcast_shapes(a_batch, b_batch) -> tuple:
     """NumPy broadcasting of two batch shapes, symbolic dimensions included."""
     return tuple(lax.broadcast_shapes(tuple(a_batch), tuple(b_batch)))
-

@@ -14,9 +14,19 @@ import functools
 import jax
 from jax import lax
 
-__all__ = ["DropVar", "Offloadable", "Recompute", "bind_with_params", "cast_to_varying",
-           "convert_keeping_weak_type", "inline_jit", "jaxprs_in_params",
-           "lower_with_sharding_in_types", "require_devices_during_lowering", "varying_axes"]
+__all__ = [
+    "DropVar",
+    "Offloadable",
+    "Recompute",
+    "bind_with_params",
+    "cast_to_varying",
+    "convert_keeping_weak_type",
+    "inline_jit",
+    "jaxprs_in_params",
+    "lower_with_sharding_in_types",
+    "require_devices_during_lowering",
+    "varying_axes",
+]
 
 # Private, needed by every supported version (0.8.0 through 0.11 at least):
 # jit hands the device assignment to lowering only when the jaxpr holds a
@@ -87,6 +97,7 @@ def inline_jit(*, static_argnames: tuple[str, ...]):
     jaxpr and lowers its body as a separate MLIR function, where an operand's
     producer (a transpose the CPU lowering folds into the kernel's flag,
     `_lowering._read_as_stored`) is a function argument it cannot see."""
+
     def wrap(fn):
         jitted = jax.jit(fn, inline=True, static_argnames=static_argnames)
 
@@ -95,5 +106,7 @@ def inline_jit(*, static_argnames: tuple[str, ...]):
             if any(isinstance(x, Tracer) for x in jax.tree.leaves((args, kwargs))):
                 return fn(*args, **kwargs)
             return jitted(*args, **kwargs)
+
         return call
+
     return wrap

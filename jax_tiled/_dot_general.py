@@ -41,11 +41,16 @@ API = "jax_tiled.dot_general"
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
 
-def dot_general(lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike,
-                dimension_numbers: DimensionNumbers, precision: PrecisionLike = None,
-                preferred_element_type: DTypeLike = None,
-                out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
-                *, kernel: str = "auto") -> jax.Array:
+def dot_general(
+    lhs: jax.typing.ArrayLike,
+    rhs: jax.typing.ArrayLike,
+    dimension_numbers: DimensionNumbers,
+    precision: PrecisionLike = None,
+    preferred_element_type: DTypeLike = None,
+    out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
+    *,
+    kernel: str = "auto",
+) -> jax.Array:
     """`lax.dot_general` run on this package's kernels.
 
     Args:
@@ -65,11 +70,15 @@ def dot_general(lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike,
     `flax.nnx.Linear`/`LinearGeneral`, and as `_dot_general=` to `jnp.einsum`.
     """
     kernel = _checks.kernel(kernel, API)
-    return _dot_general_jit(_checks.array_like(lhs), _checks.array_like(rhs),
-                            dimension_numbers=_checks.dimension_numbers(dimension_numbers, API),
-                            precision=_checks.hashable(precision),
-                            preferred_element_type=preferred_element_type,
-                            out_sharding=out_sharding, kernel=kernel)
+    return _dot_general_jit(
+        _checks.array_like(lhs),
+        _checks.array_like(rhs),
+        dimension_numbers=_checks.dimension_numbers(dimension_numbers, API),
+        precision=_checks.hashable(precision),
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+        kernel=kernel,
+    )
 
 
 def einsum(subscripts: str, /, *operands: jax.typing.ArrayLike, **kwargs: Any) -> jax.Array:
@@ -79,24 +88,38 @@ def einsum(subscripts: str, /, *operands: jax.typing.ArrayLike, **kwargs: Any) -
 
 
 # Inside a traced function the plain computation, no call in the jaxpr.
-@inline_jit(static_argnames=(
-    "dimension_numbers", "precision", "preferred_element_type", "out_sharding", "kernel"))
-def _dot_general_jit(lhs, rhs, *, dimension_numbers, precision, preferred_element_type,
-                     out_sharding, kernel):
+@inline_jit(
+    static_argnames=(
+        "dimension_numbers",
+        "precision",
+        "preferred_element_type",
+        "out_sharding",
+        "kernel",
+    )
+)
+def _dot_general_jit(
+    lhs, rhs, *, dimension_numbers, precision, preferred_element_type, out_sharding, kernel
+):
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _checks.dot_general_shapes(lhs.shape, rhs.shape, dimension_numbers, API)
     dtype = _checks.dot_general_dtype(lhs.dtype, rhs.dtype, API)
-    request = Request(dtype, _checks.out_dtype(dtype, preferred_element_type, API),
-                      _checks.precision(precision, API), kernel)
+    request = Request(
+        dtype,
+        _checks.out_dtype(dtype, preferred_element_type, API),
+        _checks.precision(precision, API),
+        kernel,
+    )
     return product(lhs, rhs, dimension_numbers, request, out_sharding)
 
 
 # ---- The path to the primitive, for dot_general and matmul ----
 
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     """What a checked product computes, besides its operands' layout: the dtype
     they are cast to, the result's, the precision and the kernel."""
+
     dtype: np.dtype
     out_dtype: np.dtype
     precision: lax.Precision | lax.DotAlgorithmPreset
@@ -106,11 +129,18 @@ class Request:
 def product(lhs, rhs, dimension_numbers, request: Request, out_sharding=None):
     """lhs and rhs contracted as `dimension_numbers` say (batch dimensions may
     broadcast, see the module docstring), on `tiled_matmul`."""
-    a, b, transpose_a, transpose_b, out_shape = canonical(lhs, rhs, dimension_numbers,
-                                                          request.dtype)
-    out = tiled_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
-                       out_dtype=request.out_dtype, precision=request.precision,
-                       kernel=request.kernel)
+    a, b, transpose_a, transpose_b, out_shape = canonical(
+        lhs, rhs, dimension_numbers, request.dtype
+    )
+    out = tiled_matmul(
+        a,
+        b,
+        transpose_a=transpose_a,
+        transpose_b=transpose_b,
+        out_dtype=request.out_dtype,
+        precision=request.precision,
+        kernel=request.kernel,
+    )
     return reshard_result(out.reshape(out_shape), out_sharding)
 
 
@@ -122,8 +152,7 @@ def canonical(lhs, rhs, dimension_numbers, dtype) -> tuple:
     lf = tuple(d for d in range(lhs.ndim) if d not in lc + lb)
     rf = tuple(d for d in range(rhs.ndim) if d not in rc + rb)
     lhs_layout, rhs_layout, _ = plan_layouts(lhs.shape, rhs.shape, dimension_numbers)
-    batch_shape = _checks.broadcast_shapes([lhs.shape[d] for d in lb],
-                                           [rhs.shape[d] for d in rb])
+    batch_shape = _checks.broadcast_shapes([lhs.shape[d] for d in lb], [rhs.shape[d] for d in rb])
     batch = math.prod(batch_shape)
 
     def operand(x, layout, batch_dims, rows, cols):
@@ -143,10 +172,13 @@ def canonical(lhs, rhs, dimension_numbers, dtype) -> tuple:
         return x.reshape(x_batch, *((cols, rows) if layout.k_first else (rows, cols)))
 
     m, n, k = _size(lhs.shape, lf), _size(rhs.shape, rf), _size(lhs.shape, lc)
-    return (operand(lhs, lhs_layout, lb, m, k),  # (B, M, K), or (B, K, M) when K first
-            operand(rhs, rhs_layout, rb, n, k),  # (B, K, N) when K first, else (B, N, K)
-            lhs_layout.k_first, not rhs_layout.k_first,
-            (*batch_shape, *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf)))
+    return (
+        operand(lhs, lhs_layout, lb, m, k),  # (B, M, K), or (B, K, M) when K first
+        operand(rhs, rhs_layout, rb, n, k),  # (B, K, N) when K first, else (B, N, K)
+        lhs_layout.k_first,
+        not rhs_layout.k_first,
+        (*batch_shape, *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf)),
+    )
 
 
 def reshard_result(out, out_sharding):
@@ -159,6 +191,7 @@ def reshard_result(out, out_sharding):
 
 
 # ---- Layouts ----
+
 
 def _is_one(d) -> bool:
     """Whether a dimension is 1 for certain (a symbolic one never is)."""
@@ -175,6 +208,7 @@ def _fits(shape, order) -> bool:
 class Layout:
     """How one operand reaches canonical form: a transpose first (or None) and
     whether it is then stored K before its free dimensions (the transpose flag)."""
+
     perm: tuple[int, ...] | None
     k_first: bool
 
@@ -195,8 +229,9 @@ def plan_layouts(lhs_shape, rhs_shape, dims) -> tuple[Layout, Layout, tuple[int,
     rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
     pairs = range(len(lc))
     # Contract the pairs in the order one operand stores them in.
-    candidates = dict.fromkeys([tuple(sorted(pairs, key=lc.__getitem__)),
-                                tuple(sorted(pairs, key=rc.__getitem__))])
+    candidates = dict.fromkeys(
+        [tuple(sorted(pairs, key=lc.__getitem__)), tuple(sorted(pairs, key=rc.__getitem__))]
+    )
     best = None
     for order in candidates:
         l_contract = tuple(lc[p] for p in order)

@@ -23,8 +23,12 @@ def _backend_platform(backend: str | None) -> str:
     return {"gpu": "cuda"}.get(backend, backend)
 
 
-def kernels(backend: str | None = None, dtype: DTypeLike = None, out_dtype: DTypeLike = None,
-            precision: PrecisionLike = None) -> list[str]:
+def kernels(
+    backend: str | None = None,
+    dtype: DTypeLike = None,
+    out_dtype: DTypeLike = None,
+    precision: PrecisionLike = None,
+) -> list[str]:
     """Kernels built and usable on `backend` ('cpu', 'gpu'/'cuda'; default:
     jax's default backend). Any of them can be forced with `matmul(..., kernel=)`.
 
@@ -52,9 +56,13 @@ def kernels(backend: str | None = None, dtype: DTypeLike = None, out_dtype: DTyp
     if dtype not in _canonical.SUPPORTED_DTYPES or out_dtype not in _canonical.SUPPORTED_DTYPES:
         return []  # no kernel computes it: integer operands are promoted to a float first
     run = _presets.resolve(platform, precision, dtype, out_dtype, "jax_tiled.kernels")
-    return [name for name in names
-            if not _ffi.refusal(platform, name, run.operand_dtype, run.product_dtype,
-                                precision=run.precision)]
+    return [
+        name
+        for name in names
+        if not _ffi.refusal(
+            platform, name, run.operand_dtype, run.product_dtype, precision=run.precision
+        )
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Explanation:
         cuda: 1 x (16 x 8192) @ (8192 x 8192), float32 -> float32, precision
         HIGHEST: smem16: fewer than 64 rows or columns: ...; runs 16 x 16 tiles
     """
+
     platform: str  # "cpu" or "cuda"
     # (batch_a, batch_b, m, n, k, transpose_a, transpose_b): the canonical
     # problem, a batch of 1 broadcast against the other's
@@ -83,17 +92,25 @@ class Explanation:
 
     def __str__(self) -> str:
         _, _, m, n, k, _, _ = self.problem
-        text = (f"{self.platform}: {self.batch} x ({m} x {k}) @ ({k} x {n}), {self.dtype} -> "
-                f"{self.out_dtype}, precision {self.precision}")
+        text = (
+            f"{self.platform}: {self.batch} x ({m} x {k}) @ ({k} x {n}), {self.dtype} -> "
+            f"{self.out_dtype}, precision {self.precision}"
+        )
         if self.runs_as:
             text += f" (runs as {self.runs_as})"
         text += f": {self.kernel}: {self.reason}"
         return text + (f"; runs {self.plan}" if self.plan else "")
 
 
-def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
-            preferred_element_type: DTypeLike = None, kernel: str = "auto",
-            backend: str | None = None) -> Explanation:
+def explain(
+    a: Any,
+    b: Any,
+    *,
+    precision: PrecisionLike = None,
+    preferred_element_type: DTypeLike = None,
+    kernel: str = "auto",
+    backend: str | None = None,
+) -> Explanation:
     """Which kernel `matmul(a, b, ...)` runs on `backend` (default: jax's
     default backend), and why. a and b may be arrays or jax.ShapeDtypeStructs.
     For a `lax.DotAlgorithmPreset` it also says what the preset runs as there:
@@ -103,8 +120,9 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
     captured = {}
 
     def canonical(a, b):
-        lhs, rhs, dims, request = _matmul.as_dot_general(a, b, precision, preferred_element_type,
-                                                         kernel, platform)
+        lhs, rhs, dims, request = _matmul.as_dot_general(
+            a, b, precision, preferred_element_type, kernel, platform
+        )
         a3, b3, *flags, _ = _dot_general.canonical(lhs, rhs, dims, request.dtype)
         captured.update(request=request, flags=flags)
         return a3, b3
@@ -113,27 +131,40 @@ def explain(a: Any, b: Any, *, precision: PrecisionLike = None,
     request, flags = captured["request"], captured["flags"]
     _, m, n, k = _canonical.problem_dims(a3.shape, b3.shape, *flags)
     problem = (a3.shape[0], b3.shape[0], m, n, k, *flags)
-    run = _presets.resolve(platform, request.precision, a3.dtype, request.out_dtype,
-                           "jax_tiled.explain")
-    runs_as = run.describe(a3.dtype, request.out_dtype) if _presets.is_preset(
-        request.precision) else ""
-    found = dict(platform=platform, problem=problem, dtype=a3.dtype.name,
-                 out_dtype=request.out_dtype.name, precision=request.precision.name,
-                 runs_as=runs_as)
+    run = _presets.resolve(
+        platform, request.precision, a3.dtype, request.out_dtype, "jax_tiled.explain"
+    )
+    runs_as = (
+        run.describe(a3.dtype, request.out_dtype) if _presets.is_preset(request.precision) else ""
+    )
+    found = dict(
+        platform=platform,
+        problem=problem,
+        dtype=a3.dtype.name,
+        out_dtype=request.out_dtype.name,
+        precision=request.precision.name,
+        runs_as=runs_as,
+    )
     if kernel != "auto":
-        check_kernel_runs(platform, kernel, run.operand_dtype, run.product_dtype, problem,
-                          run.precision)
+        check_kernel_runs(
+            platform, kernel, run.operand_dtype, run.product_dtype, problem, run.precision
+        )
         return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan="")
     if platform == "cpu":
         (only,) = _ffi.kernel_names("cpu")
-        return Explanation(**found, kernel=only,
-                           reason="the cache-blocked CPU kernel, the only CPU kernel", plan="")
+        return Explanation(
+            **found,
+            kernel=only,
+            reason="the cache-blocked CPU kernel, the only CPU kernel",
+            plan="",
+        )
     if platform == "cuda" and _ffi.cuda_module_built():
         try:
             multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
         except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
             multiprocessors = 132
-        chosen, reason, plan = _ffi.cuda_explain(run.operand_dtype.name, run.product_dtype.name,
-                                                 problem, multiprocessors, run.precision)
+        chosen, reason, plan = _ffi.cuda_explain(
+            run.operand_dtype.name, run.product_dtype.name, problem, multiprocessors, run.precision
+        )
         return Explanation(**found, kernel=chosen, reason=reason, plan=plan)
     raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")

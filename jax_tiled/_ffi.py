@@ -32,7 +32,8 @@ def _load(platform: str):
             raise ImportError(
                 f"jax_tiled's compiled CPU module is missing ({error}). Install the package "
                 f"with `pip install .`, and import it from outside the source tree "
-                f"(this jax_tiled is {__file__}).") from error
+                f"(this jax_tiled is {__file__})."
+            ) from error
         return None
     for name, capsule in module.registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform=platform)
@@ -51,6 +52,7 @@ def cuda_module_built() -> bool:
 @dataclasses.dataclass(frozen=True)
 class KernelFacts:
     """One kernel of a module's table (the CUDA ladder: cpp/cuda/kernel_table.cu)."""
+
     name: str
     listed: bool  # offered by jax_tiled.kernels(); False: for the test suite only
     tensor_cores: bool  # computes on the tensor cores (mma.sync, wgmma)
@@ -68,9 +70,10 @@ def kernel_table(platform: str) -> tuple[KernelFacts, ...]:
     module = _load("cpu" if platform == "cpu" else "CUDA")
     if module is None:
         return ()
-    return tuple(KernelFacts(**{**row, "inputs": tuple(row["inputs"]),
-                                "outputs": tuple(row["outputs"])})
-                 for row in module.kernel_table())
+    return tuple(
+        KernelFacts(**{**row, "inputs": tuple(row["inputs"]), "outputs": tuple(row["outputs"])})
+        for row in module.kernel_table()
+    )
 
 
 def kernel_names(platform: str) -> tuple[str, ...]:
@@ -100,23 +103,37 @@ def cuda_compute_capability() -> int:
     return 10 * major + minor
 
 
-def refusal(platform: str, kernel: str, dtype, out_dtype, problem=ANY_PROBLEM,
-            precision=lax.Precision.DEFAULT) -> str:
+def refusal(
+    platform: str,
+    kernel: str,
+    dtype,
+    out_dtype,
+    problem=ANY_PROBLEM,
+    precision=lax.Precision.DEFAULT,
+) -> str:
     """Why `kernel` cannot run a dtype -> out_dtype product of this shape
     (ANY_PROBLEM's fields) at this precision (a lax.Precision or its name) on
     `platform`'s first device, or '' if it can."""
     if platform == "cpu" or kernel == "auto":
         return ""  # the CPU kernel and "auto" take every supported problem
     code = PRECISION_CODES[lax.Precision(precision)]
-    return _load("CUDA").kernel_refusal(kernel, np.dtype(dtype).name, np.dtype(out_dtype).name,
-                                        *problem, code, cuda_compute_capability())
+    return _load("CUDA").kernel_refusal(
+        kernel,
+        np.dtype(dtype).name,
+        np.dtype(out_dtype).name,
+        *problem,
+        code,
+        cuda_compute_capability(),
+    )
 
 
-def cuda_explain(dtype: str, out_dtype: str, problem, multiprocessors: int,
-                 precision=lax.Precision.DEFAULT) -> tuple[str, str, str]:
+def cuda_explain(
+    dtype: str, out_dtype: str, problem, multiprocessors: int, precision=lax.Precision.DEFAULT
+) -> tuple[str, str, str]:
     """The CUDA module's own account of what kernel="auto" runs at this precision
     (a lax.Precision or its name; no GPU needed): (kernel, why, launch plan)."""
     code = PRECISION_CODES[lax.Precision(precision)]
-    kernel, reason, plan = _load("CUDA").explain_auto(dtype, out_dtype, *problem, code,
-                                                      multiprocessors, cuda_compute_capability())
+    kernel, reason, plan = _load("CUDA").explain_auto(
+        dtype, out_dtype, *problem, code, multiprocessors, cuda_compute_capability()
+    )
     return kernel, reason, plan

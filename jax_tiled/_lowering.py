@@ -41,6 +41,7 @@ from jax_tiled._primitive import check_kernel_runs, tiled_matmul_p
 @dataclasses.dataclass(frozen=True)
 class Product:
     """Static description of one FFI call; all that the partitioning rule needs."""
+
     target: str
     transpose_a: bool
     transpose_b: bool
@@ -52,12 +53,18 @@ class Product:
 def ffi_product(a, b, product: Product, out_dtype):
     """The FFI call on canonical operands (batch of 1 or B; see _canonical),
     into `out_dtype`, with its attributes as explicit numpy scalars."""
-    batch, m, n, _ = _canonical.problem_dims(a.shape, b.shape, product.transpose_a,
-                                             product.transpose_b)
+    batch, m, n, _ = _canonical.problem_dims(
+        a.shape, b.shape, product.transpose_a, product.transpose_b
+    )
     call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
-    return call(a, b, transpose_a=np.bool_(product.transpose_a),
-                transpose_b=np.bool_(product.transpose_b),
-                precision=np.int32(product.precision), kernel=product.kernel)
+    return call(
+        a,
+        b,
+        transpose_a=np.bool_(product.transpose_a),
+        transpose_b=np.bool_(product.transpose_b),
+        precision=np.int32(product.precision),
+        kernel=product.kernel,
+    )
 
 
 _partitioned_product = _sharding.partitioned(ffi_product)
@@ -120,8 +127,9 @@ def _read_as_stored(value, aval, transposed: bool):
     if source is None or not _unsharded(aval):
         return value, aval, transposed
     batch, rows, cols = _static_shape(value)
-    folded_type = ir.RankedTensorType.get([batch, cols, rows],
-                                          ir.RankedTensorType(value.type).element_type)
+    folded_type = ir.RankedTensorType.get(
+        [batch, cols, rows], ir.RankedTensorType(value.type).element_type
+    )
     if source.type != folded_type:
         source = stablehlo.reshape(folded_type, source)
     return source, aval.update(shape=(batch, cols, rows)), not transposed
@@ -134,21 +142,32 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
         ctx = ctx.replace(avals_in=[a_aval, b_aval])
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
-        raise ValueError(f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
-                         f"valid: {['auto', *available]}")
+        raise ValueError(
+            f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
+            f"valid: {['auto', *available]}"
+        )
     a_aval, b_aval = ctx.avals_in
-    out_aval, = ctx.avals_out
+    (out_aval,) = ctx.avals_out
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
-    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a,
-                                              transpose_b)
-    check_kernel_runs(platform, kernel, run.operand_dtype, run.product_dtype,
-                      (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
-                      run.precision)
-    product = Product(target=_ffi.TARGETS[platform], transpose_a=transpose_a,
-                      transpose_b=transpose_b, out_dtype=run.product_dtype,
-                      precision=PRECISION_CODES[run.precision], kernel=str(kernel))
+    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    check_kernel_runs(
+        platform,
+        kernel,
+        run.operand_dtype,
+        run.product_dtype,
+        (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
+        run.precision,
+    )
+    product = Product(
+        target=_ffi.TARGETS[platform],
+        transpose_a=transpose_a,
+        transpose_b=transpose_b,
+        out_dtype=run.product_dtype,
+        precision=PRECISION_CODES[run.precision],
+        kernel=str(kernel),
+    )
 
     wide = _presets.needs_x64(run)
 
@@ -164,7 +183,7 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
             return lax.convert_element_type(out, out_aval.dtype)
 
     with _presets.wide_types(run):
-        out, = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
+        (out,) = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
     # Under explicit axes, keep the sharding that abstract evaluation promised.
     return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
 
@@ -180,8 +199,12 @@ def register(primitive) -> None:
     # _read_as_stored could not see their producers.
     platforms = ["cpu", "cuda"] if _ffi.cuda_module_built() else ["cpu"]
     for platform in platforms:
-        mlir.register_lowering(primitive, functools.partial(_lowering, platform=platform),
-                               platform=platform, cacheable=not READS_TRANSPOSES[platform])
+        mlir.register_lowering(
+            primitive,
+            functools.partial(_lowering, platform=platform),
+            platform=platform,
+            cacheable=not READS_TRANSPOSES[platform],
+        )
 
 
 register(tiled_matmul_p)

@@ -33,10 +33,15 @@ from jax_tiled._compat import inline_jit
 API = "jax_tiled.matmul"
 
 
-def matmul(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike, *,
-           precision: PrecisionLike = None, preferred_element_type: DTypeLike = None,
-           out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
-           kernel: str = "auto") -> jax.Array:
+def matmul(
+    a: jax.typing.ArrayLike,
+    b: jax.typing.ArrayLike,
+    *,
+    precision: PrecisionLike = None,
+    preferred_element_type: DTypeLike = None,
+    out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
+    kernel: str = "auto",
+) -> jax.Array:
     """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
 
     Args:
@@ -61,17 +66,22 @@ def matmul(a: jax.typing.ArrayLike, b: jax.typing.ArrayLike, *,
       kernel: "auto", or a name from `jax_tiled.kernels()` to force that kernel.
     """
     kernel = _checks.kernel(kernel, API)
-    return _matmul_jit(_checks.array_like(a), _checks.array_like(b),
-                       precision=_checks.hashable(precision),
-                       preferred_element_type=preferred_element_type,
-                       out_sharding=out_sharding, kernel=kernel)
+    return _matmul_jit(
+        _checks.array_like(a),
+        _checks.array_like(b),
+        precision=_checks.hashable(precision),
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+        kernel=kernel,
+    )
 
 
 # Inside a traced function the plain computation, no call in the jaxpr.
 @inline_jit(static_argnames=("precision", "preferred_element_type", "out_sharding", "kernel"))
 def _matmul_jit(a, b, *, precision, preferred_element_type, out_sharding, kernel):
-    lhs, rhs, dimension_numbers, request = as_dot_general(a, b, precision,
-                                                          preferred_element_type, kernel)
+    lhs, rhs, dimension_numbers, request = as_dot_general(
+        a, b, precision, preferred_element_type, kernel
+    )
     return _dot_general.product(lhs, rhs, dimension_numbers, request, out_sharding)
 
 
@@ -81,8 +91,12 @@ def as_dot_general(a, b, precision, preferred_element_type, kernel, platform=Non
     dimension numbers whose batch dimensions may broadcast, request)."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     dtype = _checks.matmul_dtype(a, b, API)
-    request = _dot_general.Request(dtype, _checks.out_dtype(dtype, preferred_element_type, API),
-                                   _checks.precision(precision, API, platform), kernel)
+    request = _dot_general.Request(
+        dtype,
+        _checks.out_dtype(dtype, preferred_element_type, API),
+        _checks.precision(precision, API, platform),
+        kernel,
+    )
     batch_shape = _checks.matmul_shapes(a.shape, b.shape, API)
     a_batch, b_batch = a.shape[:-2], b.shape[:-2]
     # Explicit mesh axes may split only the first batch dimension (else this

@@ -39,6 +39,7 @@ class Mode:
     round_float32_to: a narrower type float32 operands are rounded to first,
       where the backend's algorithm rounds them inside the dot (XLA's GPU
       BF16_BF16_F32 reads float32 storage as bfloat16)."""
+
     float32: lax.Precision
     round_float32_to: np.dtype | None = None
     why: str = ""
@@ -86,6 +87,7 @@ class Run:
     """What the kernel computes for a product: operands cast to operand_dtype,
     the product into product_dtype at kernel precision `precision`, then the
     result cast to the product's output dtype."""
+
     operand_dtype: np.dtype
     product_dtype: np.dtype
     precision: lax.Precision
@@ -118,22 +120,28 @@ def check(platform: str, preset: Preset, api: str = "jax_tiled") -> Mode:
     if modes is None:
         raise ValueError(f"{api}: no kernels for backend {platform!r}")
     if preset not in modes:
-        hint = (" (ANY_F8 presets take float8 operands, which jax_tiled does not compute)"
-                if preset.name.startswith("ANY_F8") else "")
+        hint = (
+            " (ANY_F8 presets take float8 operands, which jax_tiled does not compute)"
+            if preset.name.startswith("ANY_F8")
+            else ""
+        )
         raise ValueError(
             f"{api}: precision {preset.name} is not supported on {platform}, as jnp.matmul "
             f"refuses it there{hint}; presets accepted on {platform}: "
-            f"{', '.join(accepted(platform))}; or a lax.Precision")
+            f"{', '.join(accepted(platform))}; or a lax.Precision"
+        )
     return modes[preset]
 
 
 def _jax_compute_types(preset: Preset, dtype, out_dtype) -> tuple[np.dtype, np.dtype]:
     """jax's casts for a preset: the operands' type and the accumulation
     (the dot's own result) type, as jax's dot_general lowering chooses them."""
+
     def pick(current, allowed):
         if allowed is None or current in map(np.dtype, allowed):
             return current
         return np.dtype(allowed[0])
+
     operand = pick(np.dtype(dtype), preset.supported_lhs_types)
     product = pick(np.dtype(out_dtype), preset.supported_output_types(operand, operand))
     return operand, product

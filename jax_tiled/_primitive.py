@@ -27,25 +27,44 @@ tiled_matmul_p = Primitive("tiled_matmul")
 _PARAMS = ("transpose_a", "transpose_b", "out_dtype", "precision", "kernel")
 
 
-def tiled_matmul(a, b, *, transpose_a=False, transpose_b=False, out_dtype=None,
-                 precision=lax.Precision.DEFAULT, kernel="auto"):
+def tiled_matmul(
+    a,
+    b,
+    *,
+    transpose_a=False,
+    transpose_b=False,
+    out_dtype=None,
+    precision=lax.Precision.DEFAULT,
+    kernel="auto",
+):
     """Binds the primitive on canonical operands (see the module docstring)."""
     out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
     a, b = _sharding.match_varying(a, b)
-    return tiled_matmul_p.bind(a, b, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b),
-                               out_dtype=out_dtype, precision=precision, kernel=kernel)
+    return tiled_matmul_p.bind(
+        a,
+        b,
+        transpose_a=bool(transpose_a),
+        transpose_b=bool(transpose_b),
+        out_dtype=out_dtype,
+        precision=precision,
+        kernel=kernel,
+    )
 
 
 def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
     for dtype in (a.dtype, b.dtype, out_dtype):
         if np.dtype(dtype) not in SUPPORTED_DTYPES:
-            raise TypeError(f"tiled_matmul: unsupported dtype {dtype}; supported: "
-                            f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
+            raise TypeError(
+                f"tiled_matmul: unsupported dtype {dtype}; supported: "
+                f"{', '.join(d.name for d in SUPPORTED_DTYPES)}"
+            )
     if a.dtype != b.dtype:
         raise TypeError(f"tiled_matmul: operand dtypes differ: {a.dtype} and {b.dtype}")
     if precision not in PRECISION_CODES and not _presets.is_preset(precision):
-        raise TypeError("tiled_matmul: precision must be a lax.Precision or a "
-                        f"lax.DotAlgorithmPreset, got {precision!r}")
+        raise TypeError(
+            "tiled_matmul: precision must be a lax.Precision or a "
+            f"lax.DotAlgorithmPreset, got {precision!r}"
+        )
     batch, m, n, _ = _canonical.problem_dims(a.shape, b.shape, transpose_a, transpose_b)
     return _sharding.result_aval(a, b, (batch, m, n), out_dtype, transpose_a, transpose_b)
 
@@ -60,19 +79,27 @@ def check_kernel_runs(platform, kernel, dtype, out_dtype, problem, precision) ->
     layout = _ffi.refusal(platform, kernel, dtype, out_dtype, problem, precision)
     if layout:
         batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
-        raise ValueError(f"jax_tiled: {layout} (m={m}, n={n}, k={k}, batches {batch_a} and "
-                         f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b}, "
-                         f"precision {lax.Precision(precision).name})")
+        raise ValueError(
+            f"jax_tiled: {layout} (m={m}, n={n}, k={k}, batches {batch_a} and "
+            f"{batch_b}, transpose_a={transpose_a}, transpose_b={transpose_b}, "
+            f"precision {lax.Precision(precision).name})"
+        )
 
 
 # ---- Autodiff: the product is bilinear, and each cotangent is another product ----
+
 
 def _cotangent_product(ct_aval, x, y, *, out_dtype, **params):
     """x @ y through the kernel, reduced over the batch when the operand whose
     cotangent this is was broadcast (batch 1) against a larger batch."""
     reduce = ct_aval.shape[0] == 1 and not (x.shape[0] == 1 and y.shape[0] == 1)
-    if (reduce and params["transpose_a"] and not params["transpose_b"] and x.shape[0] == y.shape[0]
-            and not (_sharding.splits_batch(x) or _sharding.splits_batch(y))):
+    if (
+        reduce
+        and params["transpose_a"]
+        and not params["transpose_b"]
+        and x.shape[0] == y.shape[0]
+        and not (_sharding.splits_batch(x) or _sharding.splits_batch(y))
+    ):
         # Both operands are stored with the contracted axis as rows, so the batch
         # joins the contraction for free: one product, no batched partial sums.
         # (Not where explicit mesh axes split the batch: jax cannot type that merge.)
@@ -90,8 +117,12 @@ def _transpose_a(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, ke
     ct = ct.astype(b.dtype)
     common = dict(out_dtype=a.aval.dtype, precision=precision, kernel=kernel)
     if transpose_a:
-        return _cotangent_product(a.aval, b, ct, transpose_a=transpose_b, transpose_b=True, **common)
-    return _cotangent_product(a.aval, ct, b, transpose_a=False, transpose_b=not transpose_b, **common)
+        return _cotangent_product(
+            a.aval, b, ct, transpose_a=transpose_b, transpose_b=True, **common
+        )
+    return _cotangent_product(
+        a.aval, ct, b, transpose_a=False, transpose_b=not transpose_b, **common
+    )
 
 
 def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, kernel):
@@ -99,11 +130,16 @@ def _transpose_b(ct, a, b, *, transpose_a, transpose_b, out_dtype, precision, ke
     ct = ct.astype(a.dtype)
     common = dict(out_dtype=b.aval.dtype, precision=precision, kernel=kernel)
     if transpose_b:
-        return _cotangent_product(b.aval, ct, a, transpose_a=True, transpose_b=transpose_a, **common)
-    return _cotangent_product(b.aval, a, ct, transpose_a=not transpose_a, transpose_b=False, **common)
+        return _cotangent_product(
+            b.aval, ct, a, transpose_a=True, transpose_b=transpose_a, **common
+        )
+    return _cotangent_product(
+        b.aval, a, ct, transpose_a=not transpose_a, transpose_b=False, **common
+    )
 
 
 # ---- Batching: the vmapped axis joins the primitive's batch dimension ----
+
 
 def _batch(args, dims, **params):
     a, b = args

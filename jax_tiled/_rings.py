@@ -99,7 +99,7 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
     stacked = lax.slice_in_dim(jnp.concatenate(results, axis=dim + 1), 0, block, axis=dim + 1)
     stacked = jnp.moveaxis(stacked, 0, dim)
     shape = list(stacked.shape)
-    merged = shape[:dim] + [n * block] + shape[dim + 2:]
+    merged = shape[:dim] + [n * block] + shape[dim + 2 :]
     return lax.slice_in_dim(stacked.reshape(merged), 0, size, axis=dim)
 
 
@@ -131,8 +131,11 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
         # The transfer of the next block depends only on this one: issued first,
         # it runs while this step's product does.
         following = lax.ppermute(moving, axes, backward) if s < n - 1 else None
-        result = call(moving, b, product, product.out_dtype) if gathered == "a" else \
-            call(a, moving, product, product.out_dtype)
+        result = (
+            call(moving, b, product, product.out_dtype)
+            if gathered == "a"
+            else call(a, moving, product, product.out_dtype)
+        )
         if out is None:
             shape = list(result.shape)
             shape[out_dim] = n * block
@@ -140,4 +143,3 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
         out = lax.dynamic_update_slice_in_dim(out, result, ((index + s) % n) * block, out_dim)
         moving = following
     return lax.slice_in_dim(out, 0, size, axis=out_dim)
-

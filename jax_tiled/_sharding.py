@@ -84,32 +84,41 @@ def _operand_axes(transpose_a, transpose_b, a_shape, a_sharding, b_shape, b_shar
     (ab, am, ak), (bb, bk, bn) = positions(transpose_a, transpose_b)
     a, b = _spec(a_sharding), _spec(b_sharding)
     batch = _canonical.batch(a_shape[0], b_shape[0])
-    return {"batch": [a[ab]] * (a_shape[0] == batch) + [b[bb]] * (b_shape[0] == batch),
-            "m": [a[am]], "n": [b[bn]], "k": [a[ak], b[bk]]}
+    return {
+        "batch": [a[ab]] * (a_shape[0] == batch) + [b[bb]] * (b_shape[0] == batch),
+        "m": [a[am]],
+        "n": [b[bn]],
+        "k": [a[ak], b[bk]],
+    }
 
 
 def _operand_specs(transpose_a, transpose_b, a_shape, b_shape, assignment):
     """PartitionSpecs of a and b that split each factor on its assigned axes."""
     batch = _canonical.batch(a_shape[0], b_shape[0])
+
     def place(dims, shape, factors):
         spec = [None] * 3
         for d, factor in zip(dims, factors):
             spec[d] = _entry(assignment[factor]) if factor != "batch" or shape[0] == batch else None
         return P(*spec)
+
     a_dims, b_dims = positions(transpose_a, transpose_b)
     return place(a_dims, a_shape, ("batch", "m", "k")), place(b_dims, b_shape, ("batch", "k", "n"))
 
 
 # ---- Trace time: manual-axis and sharding types ----
 
+
 def match_varying(a, b):
     """a and b cast to vary over the same manual axes, as jax's own binary ops are.
     A replicated weight left invariant would make the product's transpose skip
     the sum of the weight's cotangent over the axes the other operand varies on."""
     both = _compat.varying_axes(jax.typeof(a)) | _compat.varying_axes(jax.typeof(b))
+
     def cast(x):
         missing = tuple(sorted(both - _compat.varying_axes(jax.typeof(x))))
         return _compat.cast_to_varying(x, missing) if missing else x
+
     return cast(a), cast(b)
 
 
@@ -121,25 +130,33 @@ def result_aval(a, b, shape, dtype, transpose_a: bool, transpose_b: bool):
         raise TypeError(
             f"tiled_matmul: operands vary over different manual mesh axes, "
             f"{sorted(a_varying)} and {sorted(b_varying)}; cast one with "
-            "jax.lax.pcast(x, axes, to='varying') (jax_tiled.matmul does this itself)")
+            "jax.lax.pcast(x, axes, to='varying') (jax_tiled.matmul does this itself)"
+        )
     a_mesh, b_mesh = a.sharding.mesh, b.sharding.mesh
     if not a_mesh.empty and not b_mesh.empty and a_mesh != b_mesh:
         raise TypeError(f"tiled_matmul: operands are on different meshes, {a_mesh} and {b_mesh}")
-    fix = ("reshard an operand with jax.sharding.reshard so that they agree, or use "
-           "AxisType.Auto mesh axes")
+    fix = (
+        "reshard an operand with jax.sharding.reshard so that they agree, or use "
+        "AxisType.Auto mesh axes"
+    )
     chosen = {}
-    for factor, candidates in _operand_axes(transpose_a, transpose_b, a.shape, a.sharding,
-                                            b.shape, b.sharding).items():
+    for factor, candidates in _operand_axes(
+        transpose_a, transpose_b, a.shape, a.sharding, b.shape, b.sharding
+    ).items():
         split = set(filter(None, candidates))
         if len(split) > 1:
-            raise TypeError(f"tiled_matmul: a and b split the {factor} dimension differently, "
-                            f"over mesh axes {sorted(split)}; {fix}")
+            raise TypeError(
+                f"tiled_matmul: a and b split the {factor} dimension differently, "
+                f"over mesh axes {sorted(split)}; {fix}"
+            )
         chosen[factor] = split.pop() if split else ()
     out = [chosen[f] for f in ("batch", "m", "n")]
     flat = [axis for axes in out for axis in axes]
     if len(flat) != len(set(flat)):
-        raise TypeError(f"tiled_matmul: the result (batch, M, N) would be split over one mesh "
-                        f"axis twice: {out}; {fix}")
+        raise TypeError(
+            f"tiled_matmul: the result (batch, M, N) would be split over one mesh "
+            f"axis twice: {out}; {fix}"
+        )
     sharding = NamedSharding(b_mesh if a_mesh.empty else a_mesh, P(*map(_entry, out)))
     return a.update(shape=shape, dtype=dtype, weak_type=False, sharding=sharding)
 
@@ -161,11 +178,13 @@ def splits_batch(x, batch_ndim: int = 1) -> bool:
         raise ValueError(
             f"jax_tiled.matmul: explicit mesh axes split a batch dimension other than the first: "
             f"{jax.typeof(x).str_short()}; reshard the operand with jax.sharding.reshard so "
-            "that only its first batch dimension is split, or use AxisType.Auto mesh axes")
+            "that only its first batch dimension is split, or use AxisType.Auto mesh axes"
+        )
     return bool(spec) and bool(spec[0])
 
 
 # ---- Partitioning ----
+
 
 def _assign(product, mesh, a, b, result_sharding=None) -> dict[str, tuple]:
     """factor -> mesh axes, from the operands' shardings and the result's, if known.
@@ -176,8 +195,9 @@ def _assign(product, mesh, a, b, result_sharding=None) -> dict[str, tuple]:
     result asks for, else what their operand has. An axis serves one factor.
     The partitioner reshards operands to match.
     """
-    candidates = _operand_axes(product.transpose_a, product.transpose_b,
-                               a.shape, a.sharding, b.shape, b.sharding)
+    candidates = _operand_axes(
+        product.transpose_a, product.transpose_b, a.shape, a.sharding, b.shape, b.sharding
+    )
     wanted = dict(zip(("batch", "m", "n"), _spec(result_sharding)))
     assignment = dict.fromkeys(FACTORS, ())
     used: set[str] = set()
@@ -230,8 +250,14 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
     # Where the result is wanted split over K's axes on a dimension the product
     # leaves whole, reduce-scatter into that dimension instead of all-reducing.
     wanted = _spec(result_shape.sharding)
-    scatter = next((d for d, f in enumerate(("batch", "m", "n")) if k_axes and not out_axes[d]
-                    and wanted[d] == k_axes and sizes[f] % k_split == 0), None)
+    scatter = next(
+        (
+            d
+            for d, f in enumerate(("batch", "m", "n"))
+            if k_axes and not out_axes[d] and wanted[d] == k_axes and sizes[f] % k_split == 0
+        ),
+        None,
+    )
     if scatter is not None:
         out_axes[scatter] = k_axes
     dims = positions(*flags)
@@ -239,8 +265,9 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
     operand_assignment = dict(assignment)
     gather = None
     if settings.enabled:
-        gather = _gathered_free_dim(_operand_axes(*flags, a.shape, a.sharding, b.shape,
-                                                  b.sharding), assignment)
+        gather = _gathered_free_dim(
+            _operand_axes(*flags, a.shape, a.sharding, b.shape, b.sharding), assignment
+        )
         if gather is not None:
             # The operand keeps its split; the ring, not the partitioner, gathers it.
             operand_assignment["m" if gather[0] == "a" else "n"] = gather[1]
@@ -250,8 +277,13 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         # the result is replicated over K's axes, the longer of M and N (M, N of
         # this device's blocks: other axes may split them).
         local = lambda f: -(-sizes[f] // math.prod(mesh.shape[x] for x in assignment[f]))
-        chunked = (("batch", "m", "n")[scatter] if scatter is not None
-                   else "m" if local("m") >= local("n") else "n")
+        chunked = (
+            ("batch", "m", "n")[scatter]
+            if scatter is not None
+            else "m"
+            if local("m") >= local("n")
+            else "n"
+        )
         pieces = settings.pieces(replicated=scatter is None)
 
     def lower_fn(a, b):
@@ -263,10 +295,17 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
     def local_product(a, b):
         if gather is not None:
             gathered, axes = gather
-            return _rings.all_gather_ring(call, product, a, b, axes=axes,
-                                          n=math.prod(mesh.shape[x] for x in axes),
-                                          gathered=gathered, dims=dims,
-                                          size=sizes["m" if gathered == "a" else "n"])
+            return _rings.all_gather_ring(
+                call,
+                product,
+                a,
+                b,
+                axes=axes,
+                n=math.prod(mesh.shape[x] for x in axes),
+                gathered=gathered,
+                dims=dims,
+                size=sizes["m" if gathered == "a" else "n"],
+            )
         if not k_axes:
             return call(a, b, product, product.out_dtype)
         if sizes["k"] % k_split:
@@ -277,9 +316,19 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         # 16-bit result is rounded once, as on one device.
         acc = _canonical.accumulation_dtype(product.out_dtype)
         if ring_k:
-            return _rings.reduce_scatter_ring(call, product, a, b, axes=k_axes, n=k_split,
-                                              factor=chunked, dims=dims, pieces=pieces,
-                                              gather=scatter is None, acc_dtype=acc)
+            return _rings.reduce_scatter_ring(
+                call,
+                product,
+                a,
+                b,
+                axes=k_axes,
+                n=k_split,
+                factor=chunked,
+                dims=dims,
+                pieces=pieces,
+                gather=scatter is None,
+                acc_dtype=acc,
+            )
         partial = call(a, b, product, acc)
         if scatter is None:
             total = lax.psum(partial, k_axes)
@@ -300,17 +349,23 @@ def _infer_sharding_from_operands(product, settings, mesh, arg_shapes, result_sh
 def _sharding_rule(product, settings, mesh, operand_types, result_types):
     """`batch m k, batch k n -> batch m n` in stored order. A broadcast batch is
     a factor of its own: its size-1 dimension cannot follow the result's."""
-    a_batch, b_batch, batch = (ir.RankedTensorType(t).shape[0]
-                               for t in (*operand_types, *result_types))
+    a_batch, b_batch, batch = (
+        ir.RankedTensorType(t).shape[0] for t in (*operand_types, *result_types)
+    )
     a_dims, b_dims = positions(product.transpose_a, product.transpose_b)
+
     def mapping(dims, own_batch, batch_factor, factors):
         names = dict(zip(dims, ("batch" if own_batch == batch else batch_factor, *factors)))
         return ArrayMapping(*(names[d] for d in range(3)))
+
     return SdyShardingRule(
-        operand_mappings=(mapping(a_dims, a_batch, "abatch", ("m", "k")),
-                          mapping(b_dims, b_batch, "bbatch", ("k", "n"))),
+        operand_mappings=(
+            mapping(a_dims, a_batch, "abatch", ("m", "k")),
+            mapping(b_dims, b_batch, "bbatch", ("k", "n")),
+        ),
         result_mappings=(ArrayMapping("batch", "m", "n"),),
-        reduction_factors=("k",))
+        reduction_factors=("k",),
+    )
 
 
 def partitioned(call):
@@ -322,11 +377,14 @@ def partitioned(call):
     `transpose_b` and `out_dtype`, and hands it on to `call`. The overlap
     settings in force at lowering join it as a static argument, so that the
     partitioning callbacks, which XLA may run later, see the same ones."""
+
     def unpartitioned(a, b, product, settings):
         return call(a, b, product, product.out_dtype)
 
     wrapped = custom_partitioning(unpartitioned, static_argnums=(2, 3))
-    wrapped.def_partition(partition=functools.partial(_partition, call),
-                          infer_sharding_from_operands=_infer_sharding_from_operands,
-                          sharding_rule=_sharding_rule)
+    wrapped.def_partition(
+        partition=functools.partial(_partition, call),
+        infer_sharding_from_operands=_infer_sharding_from_operands,
+        sharding_rule=_sharding_rule,
+    )
     return lambda a, b, product: wrapped(a, b, product, overlap.current())

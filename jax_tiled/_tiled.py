@@ -82,7 +82,8 @@ def _call(fn, args, kwargs):
     def flat_fn(*values):
         values = iter(values)
         args, kwargs = jax.tree.unflatten(
-            in_tree, [next(values) if d else x for x, d in zip(leaves, dynamic)])
+            in_tree, [next(values) if d else x for x, d in zip(leaves, dynamic)]
+        )
         out = fn(*args, **kwargs)
         out_leaves, out_info["tree"] = jax.tree.flatten(out)
         out_info["leaves"] = out_leaves
@@ -96,6 +97,7 @@ def _call(fn, args, kwargs):
 
 # ---- Which equations change ----
 
+
 def _routed_dot(eqn) -> bool:
     if eqn.primitive is not dot_general_p:
         return False
@@ -108,9 +110,12 @@ def _has_routed_dot(jaxpr: Jaxpr, seen=None) -> bool:
     key = id(jaxpr)
     if key not in seen:
         seen[key] = False  # cycles do not occur, but a jaxpr may be shared
-        seen[key] = any(_routed_dot(eqn) or _custom_rule(eqn)
-                        or any(_has_routed_dot(sub, seen) for sub in _compat.jaxprs_in_params(eqn.params))
-                        for eqn in jaxpr.eqns)
+        seen[key] = any(
+            _routed_dot(eqn)
+            or _custom_rule(eqn)
+            or any(_has_routed_dot(sub, seen) for sub in _compat.jaxprs_in_params(eqn.params))
+            for eqn in jaxpr.eqns
+        )
     return seen[key]
 
 
@@ -122,9 +127,11 @@ def _custom_rule(eqn) -> bool:
 
 # ---- Evaluation ----
 
+
 @dataclasses.dataclass
 class _Transposed:
     """The output of a `transpose` equation, computed only when read as a value."""
+
     operand: Any
     permutation: tuple[int, ...]
     value: Any = None
@@ -196,9 +203,14 @@ def _dot(eqn, lhs, rhs):
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, lc, lb = _fold_transpose(lhs, lc, lb, eqn.invars[0].aval.ndim)
     rhs, rc, rb = _fold_transpose(rhs, rc, rb, eqn.invars[1].aval.ndim)
-    out = dot_general(lhs, rhs, ((lc, rc), (lb, rb)), precision=eqn.params.get("precision"),
-                      preferred_element_type=eqn.params.get("preferred_element_type"),
-                      out_sharding=eqn.params.get("out_sharding"))
+    out = dot_general(
+        lhs,
+        rhs,
+        ((lc, rc), (lb, rb)),
+        precision=eqn.params.get("precision"),
+        preferred_element_type=eqn.params.get("preferred_element_type"),
+        out_sharding=eqn.params.get("out_sharding"),
+    )
     want = eqn.outvars[0].aval
     got = jax.typeof(out)
     if got.dtype != want.dtype or got.weak_type != want.weak_type:
@@ -224,7 +236,8 @@ def _fold_transpose(x, contract, batch, ndim):
 def _bind(eqn, invals):
     params = eqn.params
     if any(True for _ in _compat.jaxprs_in_params(params)) and (
-            _custom_rule(eqn) or any(_has_routed_dot(j) for j in _compat.jaxprs_in_params(params))):
+        _custom_rule(eqn) or any(_has_routed_dot(j) for j in _compat.jaxprs_in_params(params))
+    ):
         special = _HIGHER_ORDER.get(eqn.primitive.name)
         if special is not None:
             return special(eqn, invals)
@@ -233,6 +246,7 @@ def _bind(eqn, invals):
 
 
 # ---- Rewriting the jaxprs that higher-order primitives carry ----
+
 
 def _rewrite_closed(closed: ClosedJaxpr) -> ClosedJaxpr:
     if not _has_routed_dot(closed.jaxpr):
@@ -247,7 +261,8 @@ def _rewrite_open(jaxpr: Jaxpr, primitive: str) -> Jaxpr:
     if closed.consts:
         raise NotImplementedError(
             f"jax_tiled.tiled: the body of {primitive} captures {len(closed.consts)} array "
-            "constant(s); pass them as arguments to route its products onto tiled_matmul")
+            "constant(s); pass them as arguments to route its products onto tiled_matmul"
+        )
     return closed.jaxpr
 
 
@@ -262,6 +277,7 @@ def _rewrite_params(eqn) -> dict:
             # custom_linear_solve keeps its jaxprs in a namedtuple.
             return type(v)(*items) if hasattr(v, "_fields") else tuple(items)
         return v
+
     return {k: rewrite(v) for k, v in eqn.params.items()}
 
 
@@ -303,8 +319,9 @@ def _custom_vjp_call(eqn, invals):
     def routed_bwd(*args):
         return _call(lambda *a: _call_fun(bwd, a), args, {})
 
-    params["fwd_jaxpr_thunk"] = (_wrapped(fwd, fwd_jaxpr) if isinstance(fwd, lu.WrappedFun)
-                                 else fwd_jaxpr)
+    params["fwd_jaxpr_thunk"] = (
+        _wrapped(fwd, fwd_jaxpr) if isinstance(fwd, lu.WrappedFun) else fwd_jaxpr
+    )
     params["bwd"] = _wrapped(bwd, routed_bwd) if isinstance(bwd, lu.WrappedFun) else routed_bwd
     return _compat.bind_with_params(eqn.primitive, invals, params)
 
@@ -321,19 +338,28 @@ def _shard_map(eqn, invals):
     if missing:
         raise NotImplementedError(
             f"jax_tiled.tiled: cannot route products inside this jax's shard_map (its "
-            f"parameters lack {sorted(missing)})")
+            f"parameters lack {sorted(missing)})"
+        )
     body = p["jaxpr"]
     axes = p.get("newly_manual_axes", p.get("manual_axes"))
     kwargs = {} if axes is None else {"axis_names": set(axes)}
-    f = jax.shard_map(lambda *args: tuple(_eval(body, (), args)), mesh=p["mesh"],
-                      in_specs=tuple(p["in_specs"]), out_specs=tuple(p["out_specs"]),
-                      check_vma=p["check_vma"], **kwargs)
+    f = jax.shard_map(
+        lambda *args: tuple(_eval(body, (), args)),
+        mesh=p["mesh"],
+        in_specs=tuple(p["in_specs"]),
+        out_specs=tuple(p["out_specs"]),
+        check_vma=p["check_vma"],
+        **kwargs,
+    )
     return f(*invals)
 
 
 _HIGHER_ORDER = {
-    "remat2": _remat, "checkpoint": _remat, "remat": _remat,
+    "remat2": _remat,
+    "checkpoint": _remat,
+    "remat": _remat,
     "custom_jvp_call": _custom_jvp_call,
-    "custom_vjp_call": _custom_vjp_call, "custom_vjp_call_jaxpr": _custom_vjp_call,
+    "custom_vjp_call": _custom_vjp_call,
+    "custom_vjp_call_jaxpr": _custom_vjp_call,
     "shard_map": _shard_map,
 }

@@ -23,8 +23,13 @@ import jax
 from jax_tiled import _compat
 from jax_tiled._primitive import tiled_matmul_p
 
-__all__ = ["dots_saveable", "checkpoint_dots", "dots_with_no_batch_dims_saveable",
-           "checkpoint_dots_with_no_batch_dims", "offload_dot_with_no_batch_dims"]
+__all__ = [
+    "dots_saveable",
+    "checkpoint_dots",
+    "dots_with_no_batch_dims_saveable",
+    "checkpoint_dots_with_no_batch_dims",
+    "offload_dot_with_no_batch_dims",
+]
 
 _jax = jax.checkpoint_policies
 

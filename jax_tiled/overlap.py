@@ -30,16 +30,19 @@ class Settings:
     K-sharded rings; None picks 2 where the result is replicated (so that all
     but the last piece's all-gather hides behind later products) and 1 where it
     stays sharded (nothing follows the ring, and smaller products run slower)."""
+
     enabled: bool = True
     chunks: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise TypeError(f"jax_tiled.overlap: enabled must be a bool, got {self.enabled!r}")
-        if self.chunks is not None and (isinstance(self.chunks, bool)
-                                        or not isinstance(self.chunks, int)):
-            raise TypeError(f"jax_tiled.overlap: chunks must be an int or None, "
-                            f"got {self.chunks!r}")
+        if self.chunks is not None and (
+            isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
+        ):
+            raise TypeError(
+                f"jax_tiled.overlap: chunks must be an int or None, got {self.chunks!r}"
+            )
         if self.chunks is not None and self.chunks < 1:
             raise ValueError(f"jax_tiled.overlap: chunks must be at least 1, got {self.chunks}")
 

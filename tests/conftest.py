@@ -17,7 +17,8 @@ import zlib
 
 # Four CPU devices for tests/test_sharding.py; XLA reads this when jax starts.
 os.environ["XLA_FLAGS"] = " ".join(
-    filter(None, [os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=4"]))
+    filter(None, [os.environ.get("XLA_FLAGS"), "--xla_force_host_platform_device_count=4"])
+)
 
 import jax
 import numpy as np

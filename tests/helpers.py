@@ -40,6 +40,7 @@ def gpu_available() -> bool:
 
 # ---- Inputs ----
 
+
 @contextlib.contextmanager
 def x64():
     """float64 enabled inside the block."""
@@ -68,14 +69,21 @@ def operands(rng, m, n, k, ta, tb, dtype=F32, batch_a=1, batch_b=1, integers=Fal
 
 # ---- Products ----
 
-def bind_product(a, b, ta=False, tb=False, *, precision=lax.Precision.DEFAULT, kernel="auto",
-                 out_dtype=None):
+
+def bind_product(
+    a, b, ta=False, tb=False, *, precision=lax.Precision.DEFAULT, kernel="auto", out_dtype=None
+):
     """The primitive itself on canonical operands (out_dtype: default a's dtype)."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     return jax_tiled.tiled_matmul_p.bind(
-        a, b, transpose_a=ta, transpose_b=tb,
+        a,
+        b,
+        transpose_a=ta,
+        transpose_b=tb,
         out_dtype=np.dtype(a.dtype if out_dtype is None else out_dtype),
-        precision=lax.Precision(precision), kernel=kernel)
+        precision=lax.Precision(precision),
+        kernel=kernel,
+    )
 
 
 def tiled(a, b, kernel="auto"):
@@ -100,9 +108,11 @@ def matmul_problem(a, b) -> tuple:
 
 # ---- The kernels a test runs ----
 
-def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None,
-               precision=None) -> list[str]:
-    """"auto" and every kernel that computes dtype -> out_dtype (default: the
+
+def kernels_on(
+    platform: str, dtype=np.float32, out_dtype=None, problem=None, precision=None
+) -> list[str]:
+    """ "auto" and every kernel that computes dtype -> out_dtype (default: the
     same) on the platform at `precision` (as matmul takes it; None: the default,
     which honours jax.default_matmul_precision): on CUDA the tensor-core kernels
     take float32 at DEFAULT and HIGH but not HIGHEST. Forcing a kernel on other
@@ -110,14 +120,18 @@ def kernels_on(platform: str, dtype=np.float32, out_dtype=None, problem=None,
     transpose_a, transpose_b), only the kernels that run that layout: the Hopper
     kernel needs rows its copy engine can read, and test_tensor_cores covers it
     on such shapes."""
-    names = jax_tiled.kernels("gpu" if platform == "cuda" else platform, dtype, out_dtype,
-                              precision)
+    names = jax_tiled.kernels(
+        "gpu" if platform == "cuda" else platform, dtype, out_dtype, precision
+    )
     assert names, f"no kernels usable on {platform}"
     if problem is not None:
         out_dtype = dtype if out_dtype is None else out_dtype
         precision = canonical_precision(precision)
-        names = [name for name in names
-                 if not _ffi.refusal(platform, name, dtype, out_dtype, problem, precision)]
+        names = [
+            name
+            for name in names
+            if not _ffi.refusal(platform, name, dtype, out_dtype, problem, precision)
+        ]
     return ["auto", *names]
 
 
@@ -134,8 +148,9 @@ def tensor_cores_of_this_gpu() -> tuple[str, ...]:
     return tuple(k.name for k in CUDA_TABLE if k.tensor_cores and admits(k, capability))
 
 
-def tensor_core_kernels(dtype=F32, out_dtype=None, *, problem=None,
-                        precision=lax.Precision.DEFAULT) -> list[str]:
+def tensor_core_kernels(
+    dtype=F32, out_dtype=None, *, problem=None, precision=lax.Precision.DEFAULT
+) -> list[str]:
     """The tensor-core kernels listed on this GPU for dtype -> out_dtype (default:
     the same) at `precision` that take `problem`'s layout (default: any)."""
     out_dtype = dtype if out_dtype is None else out_dtype
@@ -145,8 +160,9 @@ def tensor_core_kernels(dtype=F32, out_dtype=None, *, problem=None,
         # Every tensor-core kernel this GPU admits takes them (sm_80+ has one).
         assert names and set(tensor_cores_of_this_gpu()) <= set(names), listed
     if problem is not None:
-        names = [k for k in names
-                 if not _ffi.refusal("cuda", k, dtype, out_dtype, problem, precision)]
+        names = [
+            k for k in names if not _ffi.refusal("cuda", k, dtype, out_dtype, problem, precision)
+        ]
     return names
 
 
@@ -160,15 +176,22 @@ def tensor_kernels_on(platform, problem, precision, dtype=F32) -> list[str]:
 
 # ---- References and tolerances ----
 
-EPS = {np.dtype(jnp.float16): 2.0**-11, np.dtype(jnp.bfloat16): 2.0**-8,
-       np.dtype(np.float32): 2.0**-24, np.dtype(np.float64): 2.0**-53}
+EPS = {
+    np.dtype(jnp.float16): 2.0**-11,
+    np.dtype(jnp.bfloat16): 2.0**-8,
+    np.dtype(np.float32): 2.0**-24,
+    np.dtype(np.float64): 2.0**-53,
+}
 
 
 def tensor_core_float32(platform, dtype, precision) -> bool:
     """Whether a float32 product at `precision` may run on tensor cores: on
     CUDA at DEFAULT (TF32) and HIGH (3xTF32)."""
-    return (platform == "cuda" and np.dtype(dtype) == np.float32
-            and canonical_precision(precision) != lax.Precision.HIGHEST)
+    return (
+        platform == "cuda"
+        and np.dtype(dtype) == np.float32
+        and canonical_precision(precision) != lax.Precision.HIGHEST
+    )
 
 
 def input_rounding(platform, dtype, precision) -> float:
@@ -188,8 +211,9 @@ def accumulation_rounding(platform, in_dtype, out_dtype, precision=None) -> floa
     """Relative rounding of each addition into the accumulator."""
     if np.float64 in (np.dtype(in_dtype), np.dtype(out_dtype)):
         return EPS[np.dtype(np.float64)]
-    if platform == "cuda" and (np.dtype(in_dtype).itemsize == 2
-                               or tensor_core_float32(platform, in_dtype, precision)):
+    if platform == "cuda" and (
+        np.dtype(in_dtype).itemsize == 2 or tensor_core_float32(platform, in_dtype, precision)
+    ):
         # Tensor cores add products into float32 in groups, aligned to the
         # largest and truncated rather than rounded: allow 4 ulps per addition.
         return 4 * EPS[np.dtype(np.float32)]
@@ -221,7 +245,8 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     worst = np.argmax(err - tol)
     assert not bad.any(), (
         f"{bad.sum()} of {bad.size} elements off; worst at {np.unravel_index(worst, err.shape)}: "
-        f"err {err.max():.3g}, tol there {tol.flat[worst]:.3g}")
+        f"err {err.max():.3g}, tol there {tol.flat[worst]:.3g}"
+    )
 
 
 def relative_norm_error(out, a_op, b_op) -> float:
@@ -233,8 +258,10 @@ def relative_norm_error(out, a_op, b_op) -> float:
 def assert_trees_close(x, y, rtol=2e-5):
     """Two pytrees of the same structure and shapes, leaf by leaf within rtol
     (and an absolute tolerance of rtol times the largest magnitude, at least 1)."""
-    assert jax.tree.structure(x) == jax.tree.structure(y), (jax.tree.structure(x),
-                                                            jax.tree.structure(y))
+    assert jax.tree.structure(x) == jax.tree.structure(y), (
+        jax.tree.structure(x),
+        jax.tree.structure(y),
+    )
     for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
         u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
         assert u.shape == v.shape
@@ -242,6 +269,7 @@ def assert_trees_close(x, y, rtol=2e-5):
 
 
 # ---- Jaxprs ----
+
 
 def equations(jaxpr, name: str):
     """Every equation of primitive `name` in a jaxpr (open or closed) and in

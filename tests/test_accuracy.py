@@ -31,7 +31,10 @@ F32, BF16, F16 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float16))
 # (input dtype, output dtype, precision): float32 at each precision, 16-bit
 # inputs into a float32 result (the accumulator shows) and into themselves.
 CONFIGS = [(F32, F32, p) for p in ("default", "high", "highest")] + [
-    (BF16, F32, None), (F16, F32, None), (BF16, BF16, None)]
+    (BF16, F32, None),
+    (F16, F32, None),
+    (BF16, BF16, None),
+]
 
 # (m, k, n): a long K over few output tiles (where cuBLAS splits K), and an
 # odd shape.
@@ -58,20 +61,26 @@ def error_and_bias(out, ref):
     return np.linalg.norm(diff) / np.linalg.norm(ref), np.mean(diff) / np.mean(np.abs(ref))
 
 
-CASES = [pytest.param(i, o, p, shape, id=f"{i.name}-{o.name}-{p}-{'x'.join(map(str, shape))}")
-         for i, o, p in CONFIGS for shape in SHAPES if (i, o, shape) not in LEFT_OUT]
+CASES = [
+    pytest.param(i, o, p, shape, id=f"{i.name}-{o.name}-{p}-{'x'.join(map(str, shape))}")
+    for i, o, p in CONFIGS
+    for shape in SHAPES
+    if (i, o, shape) not in LEFT_OUT
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("distribution", ["positive", "normal"])
 @pytest.mark.parametrize("in_dtype,out_dtype,precision,shape", CASES)
-def test_every_kernel_is_as_accurate_as_jnp(on_gpu, rng, in_dtype, out_dtype, precision, shape,
-                                            distribution):
+def test_every_kernel_is_as_accurate_as_jnp(
+    on_gpu, rng, in_dtype, out_dtype, precision, shape, distribution
+):
     m, k, n = shape
     a, b = inputs(rng, m, k, n, in_dtype, distribution)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     peer_error, peer_bias = error_and_bias(
-        jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype), ref)
+        jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype), ref
+    )
     # Room for the rounding of the result itself, which neither side avoids
     # (a quarter of the output's epsilon: far below any accumulation effect);
     # for the bias also for chance: a mean of m n errors of rms `error`
@@ -79,15 +88,20 @@ def test_every_kernel_is_as_accurate_as_jnp(on_gpu, rng, in_dtype, out_dtype, pr
     floor = float(jnp.finfo(out_dtype).eps) / 4
     bias_floor = floor + 3 * 1.2 * peer_error / np.sqrt(m * n)
     misses = []
-    for kernel in kernels_on("cuda", in_dtype, out_dtype, problem=(1, 1, m, n, k, False, False),
-                             precision=precision):
+    for kernel in kernels_on(
+        "cuda", in_dtype, out_dtype, problem=(1, 1, m, n, k, False, False), precision=precision
+    ):
         error, bias = error_and_bias(
-            jax_tiled.matmul(a, b, precision=precision, preferred_element_type=out_dtype,
-                             kernel=kernel), ref)
+            jax_tiled.matmul(
+                a, b, precision=precision, preferred_element_type=out_dtype, kernel=kernel
+            ),
+            ref,
+        )
         if error > 1.2 * peer_error + floor or abs(bias) > 2 * abs(peer_bias) + bias_floor:
             misses.append(f"{kernel}: error {error:.2e}, bias {bias:+.1e}")
-    assert not misses, (f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; "
-                        + "; ".join(misses))
+    assert not misses, f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; " + "; ".join(
+        misses
+    )
 
 
 def test_the_check_sees_a_biased_product(rng):
@@ -99,6 +113,5 @@ def test_the_check_sees_a_biased_product(rng):
     ref = a.astype(np.float64) @ b.astype(np.float64)
     truncated = (b.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
     error, bias = error_and_bias(a.astype(np.float64) @ truncated.astype(np.float64), ref)
-    peer_error, peer_bias = error_and_bias(
-        jnp.matmul(a, b, precision=lax.Precision.HIGHEST), ref)
+    peer_error, peer_bias = error_and_bias(jnp.matmul(a, b, precision=lax.Precision.HIGHEST), ref)
     assert error > 10 * peer_error and bias < -10 * abs(peer_bias)

@@ -19,14 +19,26 @@ import jax_tiled
 from helpers import count_equations, equations
 from jax_tiled.bench import accuracy, chains, cli, harness, products, report, train_step
 
-TINY_STEP = ["--train-step", "--width", "64", "--tokens", "32", "--dtype", "float32",
-             "--repeats", "5", "--no-progress"]
+TINY_STEP = [
+    "--train-step",
+    "--width",
+    "64",
+    "--tokens",
+    "32",
+    "--dtype",
+    "float32",
+    "--repeats",
+    "5",
+    "--no-progress",
+]
 
 
 def test_bench_runs_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    assert cli.main(["--shapes", "96x64x80", "--repeats", "5", "--no-progress",
-                       "--json", str(out)]) == 0
+    assert (
+        cli.main(["--shapes", "96x64x80", "--repeats", "5", "--no-progress", "--json", str(out)])
+        == 0
+    )
     result = json.loads(out.read_text())
     kernels = {row["kernel"] for row in result["rows"]}
     assert {"jnp.matmul", "auto"} <= kernels
@@ -36,12 +48,27 @@ def test_bench_runs_and_writes_json(tmp_path):
 def test_text_table_has_every_column_on_every_row(capsys):
     """A row without a bandwidth figure (not skinny) still fills that cell, so
     splitting a line on whitespace gives each column where the header has it."""
-    assert cli.main(["--shapes", "96x64x80,160^3", "--repeats", "5", "--no-progress",
-                     "--no-check", "--dtype", "float32", "--precision", "highest"]) == 0
+    assert (
+        cli.main(
+            [
+                "--shapes",
+                "96x64x80,160^3",
+                "--repeats",
+                "5",
+                "--no-progress",
+                "--no-check",
+                "--dtype",
+                "float32",
+                "--precision",
+                "highest",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("shape"))
     columns = lines[head].replace("x peer", "x_peer").split()
-    body = [line.split() for line in lines[head + 2:] if line.startswith(("96x64x80", "160^3"))]
+    body = [line.split() for line in lines[head + 2 :] if line.startswith(("96x64x80", "160^3"))]
     assert {row[0] for row in body} == {"96x64x80", "160^3"}
     for row in body:
         assert len(row) == len(columns), row
@@ -54,11 +81,27 @@ def test_text_table_keeps_a_gpu_rows_bandwidth_share_in_its_own_column():
     figure and a %HBM figure, each its own column (once they shared a cell, and a
     whitespace split found 12 cells against 10 columns). Built by hand, so the CPU
     runs it too."""
-    fields = dict(shape="4096x4096x128", batch=1, m=4096, k=4096, n=128, transpose="",
-                  dtype="bfloat16", precision="default", sets=8, ms=0.05, tflops=85.9,
-                  gbps=1400.0, ratio=1.1, rel_error=2e-3)
-    rows = [products.Row(kernel="jnp.matmul", **fields), products.Row(kernel="wgmma", **fields),
-            products.Row(kernel="auto", **{**fields, "gbps": None})]
+    fields = dict(
+        shape="4096x4096x128",
+        batch=1,
+        m=4096,
+        k=4096,
+        n=128,
+        transpose="",
+        dtype="bfloat16",
+        precision="default",
+        sets=8,
+        ms=0.05,
+        tflops=85.9,
+        gbps=1400.0,
+        ratio=1.1,
+        rel_error=2e-3,
+    )
+    rows = [
+        products.Row(kernel="jnp.matmul", **fields),
+        products.Row(kernel="wgmma", **fields),
+        products.Row(kernel="auto", **{**fields, "gbps": None}),
+    ]
     lines = report.format_table(rows, report.hbm_gbps("NVIDIA H100 80GB HBM3")).splitlines()
     columns = lines[0].replace("x peer", "x_peer").split()
     cells = [line.split() for line in lines[2:]]
@@ -136,11 +179,13 @@ def test_train_step_fails_when_our_products_are_wrong(tmp_path, capsys, monkeypa
 def _sloppy_peer(matmul_fn):
     """matmul_fn with the peer's products 5% off, except at the truth's precision:
     a peer less accurate than ours, as TF32 is on a GPU."""
+
     def sloppy(precision, kernel, out_dtype=None):
         mm = matmul_fn(precision, kernel, out_dtype)
         if kernel != harness.PEER or precision == harness.TRUTH_PRECISION:
             return mm
         return lambda a, b: mm(a, b) * 1.05
+
     return sloppy
 
 
@@ -157,14 +202,17 @@ def test_train_step_passes_a_kernel_closer_to_the_truth_than_the_peer(tmp_path, 
     assert ours["err"]["grad"] < min(ours["tolerance"], 1e-2 * peer["err"]["grad"])
 
 
-@pytest.mark.parametrize("err, peer_err, fails", [
-    (3e-2, 2e-2, False),          # past the tolerance, but within 2x the peer's
-    (5e-2, 2e-2, True),           # past both
-    (5e-3, 0.0, False),           # within the tolerance of an exact peer
-    (2e-2, None, True),           # no peer: the tolerance alone
-    (float("nan"), 1e-3, True),   # not finite
-    (5e-3, float("nan"), False),  # a peer that is not finite widens nothing
-])
+@pytest.mark.parametrize(
+    "err, peer_err, fails",
+    [
+        (3e-2, 2e-2, False),  # past the tolerance, but within 2x the peer's
+        (5e-2, 2e-2, True),  # past both
+        (5e-3, 0.0, False),  # within the tolerance of an exact peer
+        (2e-2, None, True),  # no peer: the tolerance alone
+        (float("nan"), 1e-3, True),  # not finite
+        (5e-3, float("nan"), False),  # a peer that is not finite widens nothing
+    ],
+)
 def test_rows_are_judged_by_their_distance_to_the_truth(err, peer_err, fails):
     row = types.SimpleNamespace(is_peer=False, error=None)
     peer_errs = None if peer_err is None else {"x": peer_err}
@@ -177,8 +225,9 @@ def test_rows_are_judged_by_their_distance_to_the_truth(err, peer_err, fails):
 
 
 @pytest.mark.parametrize("model", sorted(train_step.MODELS))
-@pytest.mark.parametrize("kernel, product", [("jnp.matmul", "dot_general"),
-                                             ("auto", "tiled_matmul")])
+@pytest.mark.parametrize(
+    "kernel, product", [("jnp.matmul", "dot_general"), ("auto", "tiled_matmul")]
+)
 def test_train_step_runs_the_products_it_counts(model, kernel, product):
     step_model = train_step.MODELS[model]
     size = train_step.StepSize(width=128, tokens=8, sequences=3)
@@ -188,8 +237,8 @@ def test_train_step_runs_the_products_it_counts(model, kernel, product):
     assert count_equations(jaxpr, product) == len(products)
     # The FLOPs it reports are those of the products the step runs.
     assert sum(p.flops for p in products) == sum(
-        2 * math.prod(e.outvars[0].aval.shape) * _contracted(e)
-        for e in equations(jaxpr, product))
+        2 * math.prod(e.outvars[0].aval.shape) * _contracted(e) for e in equations(jaxpr, product)
+    )
 
 
 def _contracted(eqn) -> int:
@@ -203,9 +252,26 @@ def _contracted(eqn) -> int:
 
 def test_attention_step_times_ours_against_the_peer(tmp_path):
     out = tmp_path / "step.json"
-    status = cli.main(["--train-step", "--model", "attention", "--width", "128", "--tokens",
-                       "16", "--sequences", "2", "--dtype", "float32", "--repeats", "5",
-                       "--no-progress", "--json", str(out)])
+    status = cli.main(
+        [
+            "--train-step",
+            "--model",
+            "attention",
+            "--width",
+            "128",
+            "--tokens",
+            "16",
+            "--sequences",
+            "2",
+            "--dtype",
+            "float32",
+            "--repeats",
+            "5",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert status == 0
     assert result["train_step"]["model_name"] == "attention"
@@ -215,8 +281,18 @@ def test_attention_step_times_ours_against_the_peer(tmp_path):
     assert max(ours["err"].values()) <= ours["tolerance"]
 
 
-TINY_CHAIN = ["--chain", "--sizes", "16,24", "--chain-length", "3", "--dtype", "float32",
-              "--repeats", "5", "--no-progress"]
+TINY_CHAIN = [
+    "--chain",
+    "--sizes",
+    "16,24",
+    "--chain-length",
+    "3",
+    "--dtype",
+    "float32",
+    "--repeats",
+    "5",
+    "--no-progress",
+]
 
 
 def run_tiny_chain(tmp_path) -> tuple[int, dict]:
@@ -230,8 +306,12 @@ def test_chains_time_ours_against_the_peer_per_product(tmp_path, capsys):
     assert status == 0
     assert result["chains"]["length"] == 3 and result["chains"]["sizes"] == [16, 24]
     rows = {(r["form"], r["size"], r["kernel"]): r for r in result["rows"]}
-    assert set(rows) == {(form, size, kernel) for form in chains.FORMS for size in (16, 24)
-                         for kernel in ("jnp.matmul", "auto")}
+    assert set(rows) == {
+        (form, size, kernel)
+        for form in chains.FORMS
+        for size in (16, 24)
+        for kernel in ("jnp.matmul", "auto")
+    }
     for (_, _, kernel), row in rows.items():
         assert row["error"] is None and row["us_per_product"] > 0
         assert row["us_per_product"] == pytest.approx(row["ms"] * 1e3 / 3)
@@ -249,31 +329,43 @@ def test_chains_fail_when_our_products_are_wrong(tmp_path, capsys, monkeypatch):
     status, result = run_tiny_chain(tmp_path)
     assert status == 1
     ours = [r for r in result["rows"] if r["kernel"] == "auto"]
-    assert ours and all(r["error"].startswith("disagrees with the truth: x off by")
-                        for r in ours)
+    assert ours and all(r["error"].startswith("disagrees with the truth: x off by") for r in ours)
     assert all(r["ratio"] is None for r in ours)
     assert "chain FAILED with auto" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("form", chains.FORMS)
-@pytest.mark.parametrize("kernel, product", [("jnp.matmul", "dot_general"),
-                                             ("auto", "tiled_matmul")])
+@pytest.mark.parametrize(
+    "kernel, product", [("jnp.matmul", "dot_general"), ("auto", "tiled_matmul")]
+)
 def test_chains_run_the_products_they_count(form, kernel, product):
     length, size = 5, 8
     jaxpr = jax.make_jaxpr(chains.chain_fn(form, length, "default", kernel))(
-        jnp.ones((size, size)), jnp.ones((length, size, size)))
+        jnp.ones((size, size)), jnp.ones((length, size, size))
+    )
     # A scan's body holds its one product; unrolled, each layer has its own.
     assert count_equations(jaxpr, product) == (1 if form == "scan" else length)
     assert count_equations(jaxpr, "scan") == (form == "scan")
 
 
-@pytest.mark.parametrize("argv", [["--sizes", "64"], ["--chain-length", "8"],
-                                  ["--model", "attention"], ["--train-step", "--sequences", "2"],
-                                  ["--train-step", "--model", "conv"],
-                                  ["--chain", "--train-step"], ["--chain", "--shapes", "64^3"],
-                                  ["--chain", "--sizes", "0"], ["--chain", "--sizes", "x"],
-                                  ["--accuracy", "--chain"], ["--accuracy", "--train-step"],
-                                  ["--accuracy", "--quick"], ["--accuracy", "--plot", "a.png"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--sizes", "64"],
+        ["--chain-length", "8"],
+        ["--model", "attention"],
+        ["--train-step", "--sequences", "2"],
+        ["--train-step", "--model", "conv"],
+        ["--chain", "--train-step"],
+        ["--chain", "--shapes", "64^3"],
+        ["--chain", "--sizes", "0"],
+        ["--chain", "--sizes", "x"],
+        ["--accuracy", "--chain"],
+        ["--accuracy", "--train-step"],
+        ["--accuracy", "--quick"],
+        ["--accuracy", "--plot", "a.png"],
+    ],
+)
 def test_chain_arguments_are_checked(argv):
     with pytest.raises(SystemExit):
         cli.parse_args(argv)
@@ -288,6 +380,7 @@ def test_float32_rows_run_every_precision():
 def test_each_precision_times_the_kernels_that_take_it(monkeypatch):
     """A float32 'highest' row leaves out the tensor-core kernels (they refuse
     true fp32); 'default' and 'high' rows time them. Named kernels are timed as asked."""
+
     def kernels(backend=None, dtype=None, out_dtype=None, precision=None):
         assert backend is None and dtype == jnp.float32
         return ["warptile"] if precision == "highest" else ["warptile", "mma"]
@@ -305,11 +398,23 @@ def test_rows_per_precision_share_their_peers():
     measure = lambda p, k: types.SimpleNamespace(precision=p, kernel=k, ms=1.0, error=None)
     rows = harness.measure_against_peers(by_precision, measure)
     assert [(r.precision, r.kernel) for r in rows] == [
-        ("default", "jnp.matmul"), ("default", "a"), ("default", "b"),
-        ("highest", "jnp.matmul"), ("high", "a"), ("high", "b"), ("high", "c"),
-        ("highest", "a")]
+        ("default", "jnp.matmul"),
+        ("default", "a"),
+        ("default", "b"),
+        ("highest", "jnp.matmul"),
+        ("high", "a"),
+        ("high", "b"),
+        ("high", "c"),
+        ("highest", "a"),
+    ]
     assert [r.peer_precision for r in rows if r.kernel != "jnp.matmul"] == [
-        "default", "default", "highest", "highest", "highest", "highest"]
+        "default",
+        "default",
+        "highest",
+        "highest",
+        "highest",
+        "highest",
+    ]
     assert harness.count_rows(by_precision) == len(rows)
 
 
@@ -331,7 +436,8 @@ def test_accuracy_measures_ours_and_the_peer_against_float64(tmp_path, capsys):
         groups.setdefault(key, set()).add(row["kernel"])
     # float32 at every precision; 16-bit at default, into its own dtype and into float32.
     configs = {("float32", "float32", p) for p in harness.PRECISIONS} | {
-        (dtype, out, "default") for dtype in ("bfloat16", "float16") for out in (dtype, "float32")}
+        (dtype, out, "default") for dtype in ("bfloat16", "float16") for out in (dtype, "float32")
+    }
     assert set(groups) == {(*c, inputs) for c in configs for inputs in ("positive", "normal")}
     available = [*jax_tiled.kernels(), "auto"]
     for (dtype, out, precision, _), kernels in groups.items():
@@ -345,7 +451,8 @@ def test_accuracy_measures_ours_and_the_peer_against_float64(tmp_path, capsys):
         bound = harness.agreement_tolerance(row["out_dtype"], row["precision"])
         # jnp.matmul at HIGH is a TF32 pass on a GPU (XLA's choice): its bound is DEFAULT's.
         peer_bound = harness.agreement_tolerance(
-            row["out_dtype"], "default" if row["precision"] == "high" else row["precision"])
+            row["out_dtype"], "default" if row["precision"] == "high" else row["precision"]
+        )
         assert 0 <= row["err"] < bound and 0 <= row["peer_err"] < peer_bound, row
         assert abs(row["bias"]) <= 2 * row["err"] and abs(row["peer_bias"]) <= 2 * row["peer_err"]
         assert isinstance(row["misses"], list)
@@ -353,7 +460,7 @@ def test_accuracy_measures_ours_and_the_peer_against_float64(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     head = max(i for i, line in enumerate(lines) if line.startswith("shape"))
     columns = lines[head].split()
-    body = [line.split() for line in lines[head + 2:]]
+    body = [line.split() for line in lines[head + 2 :]]
     assert len(body) == len(rows)
     body = [cells for cells in body if "ERROR" not in cells]
     assert len(body) == len(measured) and all(len(cells) == len(columns) for cells in body)
@@ -385,8 +492,9 @@ def test_accuracy_reports_a_refused_kernel_as_a_row(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(jax_tiled, "matmul", refusing)
     forced = jax_tiled.kernels()[0]
-    status, rows = run_tiny_accuracy(tmp_path, "--dtype", "float32", "--precision", "highest",
-                                     "--kernels", f"{forced},auto")
+    status, rows = run_tiny_accuracy(
+        tmp_path, "--dtype", "float32", "--precision", "highest", "--kernels", f"{forced},auto"
+    )
     assert status == 0
     by_kernel = {kernel: [r for r in rows if r["kernel"] == kernel] for kernel in (forced, "auto")}
     assert all(r["refused"] and r["error"].startswith("refused: ") for r in by_kernel[forced])
@@ -402,10 +510,12 @@ def test_accuracy_peer_runs_at_the_rows_own_precision_and_output(tmp_path, monke
         return products.product_fn(shape, precision, kernel, out_dtype)
 
     monkeypatch.setattr(accuracy, "product_fn", recording)
-    run_tiny_accuracy(tmp_path, "--dtype", "float32,bfloat16", "--precision", "high",
-                      "--kernels", "auto")
+    run_tiny_accuracy(
+        tmp_path, "--dtype", "float32,bfloat16", "--precision", "high", "--kernels", "auto"
+    )
     assert {c for c in calls if c[1] == harness.PEER} == {
-        ("high", harness.PEER, out) for out in ("float32", "bfloat16")}
+        ("high", harness.PEER, out) for out in ("float32", "bfloat16")
+    }
 
 
 def test_accuracy_definitions_and_targets():
@@ -415,8 +525,8 @@ def test_accuracy_definitions_and_targets():
     assert measured.bias == pytest.approx(0.01 * 6 / 10)  # mean(out - ref) / mean(|ref|)
     # float32 out, 10^6 elements: room of eps/4 = 3.0e-8, and for the bias's chance
     # 3 x 1.2 x 1e-6 / 1000 = 3.6e-9.
-    peer, eps_room = accuracy.Accuracy(err=1e-6, bias=1e-8), 2.0 ** -23 / 4
-    allowed = accuracy.limits(peer, "float32", 10 ** 6)
+    peer, eps_room = accuracy.Accuracy(err=1e-6, bias=1e-8), 2.0**-23 / 4
+    allowed = accuracy.limits(peer, "float32", 10**6)
     assert allowed.err == pytest.approx(1.2e-6 + eps_room)
     assert allowed.bias == pytest.approx(2e-8 + eps_room + 3.6e-9)
     ours = accuracy.Accuracy
@@ -432,14 +542,19 @@ def test_accuracy_default_shapes_add_a_long_k_for_a_float32_output():
     work = accuracy.plan(args, ["auto"], "cpu")
     assert [(shape.name, [p.out_dtype for p in ps]) for shape, _, ps in work] == [
         *((name, ["bfloat16", "float32"]) for name in accuracy.ACCURACY_SHAPES["cpu"]),
-        *((name, ["float32"]) for name in accuracy.WIDE_OUTPUT_SHAPES["cpu"])]
+        *((name, ["float32"]) for name in accuracy.WIDE_OUTPUT_SHAPES["cpu"]),
+    ]
 
 
 def test_module_entry_point_lists_the_suites():
     """`python -P -m jax_tiled.bench` (the README's command, from any folder)
     runs the package's __main__."""
-    result = subprocess.run([sys.executable, "-P", "-m", "jax_tiled.bench", "--list-shapes"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "jax_tiled.bench", "--list-shapes"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "GPU suite: 512^3" in result.stdout and "CPU --quick: 256^3" in result.stdout
 
@@ -450,15 +565,26 @@ def test_scaling_tool_runs_on_the_shared_timing():
     and overlap setting: the milliseconds, the efficiencies and the ratio."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the four CPU devices, on a GPU machine too
-    result = subprocess.run([sys.executable, str(script), "--size", "64", "--repeats", "5",
-                             "--no-overlap"], capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, str(script), "--size", "64", "--repeats", "5", "--no-overlap"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     lines = result.stdout.splitlines()
-    table = lines[lines.index(next(line for line in lines if line.startswith("---"))) + 1:]
-    layouts = ("M-sharded", "N-sharded", "K-sharded, replicated", "K-sharded, reduce-scatter",
-               "all-gather (a by M, b by N)")
+    table = lines[lines.index(next(line for line in lines if line.startswith("---"))) + 1 :]
+    layouts = (
+        "M-sharded",
+        "N-sharded",
+        "K-sharded, replicated",
+        "K-sharded, reduce-scatter",
+        "all-gather (a by M, b by N)",
+    )
     assert [(line[:28].strip(), line[28:41].strip()) for line in table] == [
-        (layout, label) for layout in layouts for label in ("chunks=auto", "no overlap")]
+        (layout, label) for layout in layouts for label in ("chunks=auto", "no overlap")
+    ]
     for line in table:
         ours, theirs, ours_eff, theirs_eff, ratio = line[41:].split()
         assert float(ours) > 0 and float(theirs) > 0 and ratio.endswith("x")

@@ -42,14 +42,17 @@ def test_dots_saveable_saves_the_products(name):
     assert products_in_grad(dense, X, W) == 3
 
 
-@pytest.mark.parametrize("name", ["dots_with_no_batch_dims_saveable",
-                                  "checkpoint_dots_with_no_batch_dims"])
+@pytest.mark.parametrize(
+    "name", ["dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims"]
+)
 def test_no_batch_dims_policy_saves_layers_not_batched_products(name):
     ours = getattr(policies, name)
     assert products_in_grad(jax.checkpoint(dense, policy=ours), X, W) == 3
     assert products_in_grad(jax.checkpoint(batched, policy=ours), X, Y) == 4
-    assert products_in_grad(jax.checkpoint(dense, policy=getattr(jax.checkpoint_policies, name)),
-                            X, W) == 4
+    assert (
+        products_in_grad(jax.checkpoint(dense, policy=getattr(jax.checkpoint_policies, name)), X, W)
+        == 4
+    )
 
 
 def test_policies_still_know_dot_general():
@@ -62,12 +65,16 @@ def test_policies_still_know_dot_general():
 def test_offload_policy_offloads_products_without_batch_dims():
     policy = policies.offload_dot_with_no_batch_dims("device", "pinned_host")
     prim = jax_tiled.tiled_matmul_p
-    a1, b1 = jax.core.ShapedArray((1, 8, 16), np.float32), jax.core.ShapedArray((1, 16, 4), np.float32)
+    a1, b1 = (
+        jax.core.ShapedArray((1, 8, 16), np.float32),
+        jax.core.ShapedArray((1, 16, 4), np.float32),
+    )
     a2 = jax.core.ShapedArray((2, 8, 16), np.float32)
     saved = policy(prim, a1, b1)
     assert (saved.src, saved.dst) == ("device", "pinned_host")
     jax_answer = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")(
-        jax.lax.sin_p, a1)
+        jax.lax.sin_p, a1
+    )
     assert policy(prim, a2, b1) == jax_answer  # recompute, as jax answers for any non-dot
     assert policy(jax.lax.sin_p, a1) == jax_answer
 
@@ -84,8 +91,10 @@ def test_gradients_are_unchanged_by_the_policy(rng):
 
 def test_tiled_translates_jax_policies_inside_the_function():
     f = lambda x, w: jnp.sum(jnp.sin(x @ w))
-    for policy in (jax.checkpoint_policies.dots_saveable,
-                   jax.checkpoint_policies.dots_with_no_batch_dims_saveable):
+    for policy in (
+        jax.checkpoint_policies.dots_saveable,
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    ):
         routed = jax_tiled.tiled(jax.checkpoint(f, policy=policy))
         jaxpr = jax.make_jaxpr(jax.grad(routed, (0, 1)))(X, W).jaxpr
         assert count(jaxpr, "tiled_matmul") == 3 and count(jaxpr, "dot_general") == 0

@@ -22,8 +22,11 @@ EDGE_DEPTHS = (1, 255, 256, 257)
 
 def run(a, b, ta, tb, out_dtype=None):
     with jax.default_device(jax.devices("cpu")[0]):
-        return np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel=CPU_KERNELS[0],
-                                       out_dtype=out_dtype))
+        return np.asarray(
+            bind_product(
+                a, b, ta, tb, precision=HIGHEST, kernel=CPU_KERNELS[0], out_dtype=out_dtype
+            )
+        )
 
 
 def check(out, opa, opb, eps):
@@ -32,8 +35,9 @@ def check(out, opa, opb, eps):
     exact = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
     scale = np.matmul(np.abs(opa).astype(np.float64), np.abs(opb).astype(np.float64))
     k = opa.shape[-1]
-    np.testing.assert_array_less(np.abs(out.astype(np.float64) - exact),
-                                 (k + 2) * eps * scale + 1e-30)
+    np.testing.assert_array_less(
+        np.abs(out.astype(np.float64) - exact), (k + 2) * eps * scale + 1e-30
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -56,8 +60,9 @@ def test_slab_edges(rng, dtype, k):
             check(run(a, b, ta, tb), opa, opb, np.finfo(dtype).eps)
 
 
-@pytest.mark.parametrize("m,n,k", [(1025, 40, 70), (30, 1025, 70), (37, 513, 300),
-                                   (37, 257, 300), (1100, 1100, 20)])
+@pytest.mark.parametrize(
+    "m,n,k", [(1025, 40, 70), (30, 1025, 70), (37, 513, 300), (37, 257, 300), (1100, 1100, 20)]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_tile_and_column_block_edges(rng, m, n, k, dtype):
     with x64():
@@ -75,9 +80,17 @@ def test_batches(rng, batch_a, batch_b):
         check(out, opa, opb, np.finfo(np.float32).eps)
 
 
-@pytest.mark.parametrize("in_dtype,out_dtype", [
-    ("bfloat16", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
-    ("float32", "float64"), ("float64", "float32"), ("float16", "float64")])
+@pytest.mark.parametrize(
+    "in_dtype,out_dtype",
+    [
+        ("bfloat16", "float32"),
+        ("float16", "float16"),
+        ("bfloat16", "bfloat16"),
+        ("float32", "float64"),
+        ("float64", "float32"),
+        ("float16", "float64"),
+    ],
+)
 def test_dtype_pairs(rng, in_dtype, out_dtype):
     with x64():
         a, b, opa, opb = operands(rng, 13, 33, 300, False, True, np.dtype(in_dtype))
@@ -107,5 +120,6 @@ def test_result_does_not_depend_on_tiling(rng, dtype):
         whole = run(a, b, False, False)
         np.testing.assert_array_equal(run(a, b, False, False), whole)
         np.testing.assert_array_equal(run(a[:, 100:113], b, False, False), whole[:, 100:113])
-        np.testing.assert_array_equal(run(a, b[:, :, 1000:1037], False, False),
-                                      whole[:, :, 1000:1037])
+        np.testing.assert_array_equal(
+            run(a, b[:, :, 1000:1037], False, False), whole[:, :, 1000:1037]
+        )

@@ -32,11 +32,14 @@ def test_custom_call_is_captured_into_a_cuda_graph(tmp_path):
     # This process holds jax's preallocated share of the GPU; the child must
     # not ask for another (two 75% shares do not fit an 80 GB card).
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"
-                        f" --xla_gpu_graph_min_graph_size=1 --xla_dump_to={tmp_path}").strip()
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"
+        f" --xla_gpu_graph_min_graph_size=1 --xla_dump_to={tmp_path}"
+    ).strip()
     script = os.path.join(os.path.dirname(__file__), "scripts", "command_buffer_case.py")
-    result = subprocess.run([sys.executable, script], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     error = float(re.search(r"max error (\S+)", result.stdout).group(1))
     assert error < 1e-5

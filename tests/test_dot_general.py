@@ -23,33 +23,33 @@ def dims(lc, rc, lb=(), rb=()):
 
 # (lhs shape, rhs shape, dimension numbers, transposes the canonical form needs)
 CASES = [
-    ((3, 4), (4, 5), dims([1], [0]), 0),                       # a @ b
-    ((3, 4), (5, 4), dims([1], [1]), 0),                       # a @ b.T: transpose_b
-    ((4, 3), (4, 5), dims([0], [0]), 0),                       # a.T @ b: transpose_a
-    ((4, 3), (5, 4), dims([0], [1]), 0),                       # a.T @ b.T
-    ((2, 3, 4), (4, 5), dims([2], [0]), 0),                    # Dense on (batch, seq, features)
-    ((2, 3, 4), (2, 4, 5), dims([2], [1], [0], [0]), 0),       # batched
+    ((3, 4), (4, 5), dims([1], [0]), 0),  # a @ b
+    ((3, 4), (5, 4), dims([1], [1]), 0),  # a @ b.T: transpose_b
+    ((4, 3), (4, 5), dims([0], [0]), 0),  # a.T @ b: transpose_a
+    ((4, 3), (5, 4), dims([0], [1]), 0),  # a.T @ b.T
+    ((2, 3, 4), (4, 5), dims([2], [0]), 0),  # Dense on (batch, seq, features)
+    ((2, 3, 4), (2, 4, 5), dims([2], [1], [0], [0]), 0),  # batched
     ((2, 3, 5, 4), (2, 3, 6, 4), dims([3], [3], [0, 1], [0, 1]), 0),  # attention scores
     ((2, 3, 5, 6), (2, 3, 6, 4), dims([3], [2], [0, 1], [0, 1]), 0),  # attention values
-    ((2, 3, 4, 5), (4, 5, 6), dims([2, 3], [0, 1]), 0),        # DenseGeneral, two contracted
-    ((3, 4, 5), (5, 4, 6), dims([1, 2], [1, 0]), 1),           # pairs stored in opposite orders
-    ((3, 5, 4), (5, 4, 6), dims([2, 1], [1, 0]), 0),           # listed out of order, stored alike
-    ((4, 3, 5), (4, 5, 6), dims([0, 2], [0, 1]), 1),           # free between contracted: copy
-    ((3, 2, 4), (4, 2, 5), dims([2], [0], [1], [1]), 2),       # batch not leading: copies
-    ((2, 3, 4), (4, 5, 2), dims([2], [0], [0], [2]), 1),       # rhs batch last
+    ((2, 3, 4, 5), (4, 5, 6), dims([2, 3], [0, 1]), 0),  # DenseGeneral, two contracted
+    ((3, 4, 5), (5, 4, 6), dims([1, 2], [1, 0]), 1),  # pairs stored in opposite orders
+    ((3, 5, 4), (5, 4, 6), dims([2, 1], [1, 0]), 0),  # listed out of order, stored alike
+    ((4, 3, 5), (4, 5, 6), dims([0, 2], [0, 1]), 1),  # free between contracted: copy
+    ((3, 2, 4), (4, 2, 5), dims([2], [0], [1], [1]), 2),  # batch not leading: copies
+    ((2, 3, 4), (4, 5, 2), dims([2], [0], [0], [2]), 1),  # rhs batch last
     ((2, 3, 4, 5), (3, 2, 5, 6), dims([3], [2], [0, 1], [1, 0]), 1),  # batch pairs reordered
     ((6, 2, 3, 4), (6, 4, 2, 5), dims([3], [1], [0, 1], [0, 2]), 1),  # LinearGeneral batch_axis
-    ((1, 3, 1, 4), (4, 1, 5), dims([3], [0]), 0),              # size-1 dimensions anywhere
+    ((1, 3, 1, 4), (4, 1, 5), dims([3], [0]), 0),  # size-1 dimensions anywhere
     ((3, 1, 4), (1, 4, 5), dims([2, 1], [1, 0]), 0),
-    ((3,), (4,), dims([], []), 0),                             # outer product (K = 1)
-    ((7,), (7,), dims([0], [0]), 0),                           # inner product
-    ((), (), dims([], []), 0),                                 # scalars
-    ((2, 3), (4,), dims([], []), 0),                           # tensor product
-    ((0, 4), (4, 5), dims([1], [0]), 0),                       # M = 0
-    ((3, 0), (0, 5), dims([1], [0]), 0),                       # K = 0: zeros
-    ((2, 3, 4), (2, 4, 0), dims([2], [1], [0], [0]), 0),       # N = 0
-    ((0, 3, 4), (0, 4, 5), dims([2], [1], [0], [0]), 0),       # batch 0
-    ((5, 17, 33), (33, 9, 5), dims([2], [0], [0], [2]), 1),    # odd sizes
+    ((3,), (4,), dims([], []), 0),  # outer product (K = 1)
+    ((7,), (7,), dims([0], [0]), 0),  # inner product
+    ((), (), dims([], []), 0),  # scalars
+    ((2, 3), (4,), dims([], []), 0),  # tensor product
+    ((0, 4), (4, 5), dims([1], [0]), 0),  # M = 0
+    ((3, 0), (0, 5), dims([1], [0]), 0),  # K = 0: zeros
+    ((2, 3, 4), (2, 4, 0), dims([2], [1], [0], [0]), 0),  # N = 0
+    ((0, 3, 4), (0, 4, 5), dims([2], [1], [0], [0]), 0),  # batch 0
+    ((5, 17, 33), (33, 9, 5), dims([2], [0], [0], [2]), 1),  # odd sizes
 ]
 IDS = [f"{a}x{b}-{d}" for a, b, d, _ in CASES]
 
@@ -62,27 +62,37 @@ def reference(lhs, rhs, dimension_numbers):
     rsub = [next(letters) for _ in range(rhs.ndim)]
     for i, j in zip((*lc, *lb), (*rc, *rb)):
         rsub[j] = lsub[i]
-    out = ([lsub[i] for i in lb] + [lsub[i] for i in range(lhs.ndim) if i not in (*lc, *lb)]
-           + [rsub[j] for j in range(rhs.ndim) if j not in (*rc, *rb)])
+    out = (
+        [lsub[i] for i in lb]
+        + [lsub[i] for i in range(lhs.ndim) if i not in (*lc, *lb)]
+        + [rsub[j] for j in range(rhs.ndim) if j not in (*rc, *rb)]
+    )
     spec = f"{''.join(lsub)},{''.join(rsub)}->{''.join(out)}"
     return np.einsum(spec, np.asarray(lhs, np.float64), np.asarray(rhs, np.float64))
 
 
 def assert_dot_close(out, lhs, rhs, dimension_numbers, out_dtype=None, input_eps=0.0):
     ref = reference(lhs, rhs, dimension_numbers)
-    mag = reference(np.abs(np.asarray(lhs, np.float64)), np.abs(np.asarray(rhs, np.float64)),
-                    dimension_numbers)
-    expected = jax.eval_shape(lambda: lax.dot_general(
-        jnp.asarray(lhs), jnp.asarray(rhs), dimension_numbers,
-        preferred_element_type=out_dtype))
-    assert out.shape == expected.shape and out.dtype == expected.dtype, (
-        jax.typeof(out), expected)
+    mag = reference(
+        np.abs(np.asarray(lhs, np.float64)), np.abs(np.asarray(rhs, np.float64)), dimension_numbers
+    )
+    expected = jax.eval_shape(
+        lambda: lax.dot_general(
+            jnp.asarray(lhs), jnp.asarray(rhs), dimension_numbers, preferred_element_type=out_dtype
+        )
+    )
+    assert out.shape == expected.shape and out.dtype == expected.dtype, (jax.typeof(out), expected)
     k = int(np.prod([lhs.shape[i] for i in dimension_numbers[0][0]]))
-    acc = EPS[np.dtype(np.float64)] if np.float64 in (lhs.dtype, rhs.dtype, out.dtype) else \
-        EPS[np.dtype(np.float32)]
+    acc = (
+        EPS[np.dtype(np.float64)]
+        if np.float64 in (lhs.dtype, rhs.dtype, out.dtype)
+        else EPS[np.dtype(np.float32)]
+    )
     tol = ((k + 2) * acc + 2 * input_eps) * mag + EPS[np.dtype(out.dtype)] * np.abs(ref) + 1e-30
     err = np.abs(np.asarray(out, np.float64) - ref)
-    assert np.all(err <= tol), f"max error {err.max()}, tolerance there {tol.flat[np.argmax(err - tol)]}"
+    assert np.all(err <= tol), (
+        f"max error {err.max()}, tolerance there {tol.flat[np.argmax(err - tol)]}"
+    )
 
 
 def operands(rng, lhs_shape, rhs_shape, dtype=np.float32):
@@ -93,19 +103,22 @@ FORBIDDEN = re.compile(r"\bdot_general\[")
 
 
 @pytest.mark.parametrize("lhs_shape,rhs_shape,dimension_numbers,copies", CASES, ids=IDS)
-def test_values_shapes_and_dtype_match_lax(platform, rng, lhs_shape, rhs_shape,
-                                           dimension_numbers, copies):
+def test_values_shapes_and_dtype_match_lax(
+    platform, rng, lhs_shape, rhs_shape, dimension_numbers, copies
+):
     lhs, rhs = operands(rng, lhs_shape, rhs_shape)
     for kernel in kernels_on(platform, precision=HIGHEST):
-        f = lambda a, b: jax_tiled.dot_general(a, b, dimension_numbers, precision=HIGHEST,
-                                               kernel=kernel)
+        f = lambda a, b: jax_tiled.dot_general(
+            a, b, dimension_numbers, precision=HIGHEST, kernel=kernel
+        )
         assert_dot_close(f(lhs, rhs), lhs, rhs, dimension_numbers)
         assert_dot_close(jax.jit(f)(lhs, rhs), lhs, rhs, dimension_numbers)
 
 
 @pytest.mark.parametrize("lhs_shape,rhs_shape,dimension_numbers,copies", CASES, ids=IDS)
 def test_products_run_on_tiled_matmul_with_at_most_one_copy_per_operand(
-        lhs_shape, rhs_shape, dimension_numbers, copies):
+    lhs_shape, rhs_shape, dimension_numbers, copies
+):
     lhs, rhs = jnp.ones(lhs_shape), jnp.ones(rhs_shape)
     f = lambda a, b: jax_tiled.dot_general(a, b, dimension_numbers)
     loss = lambda a, b: jnp.sum(jnp.sin(f(a, b)))
@@ -134,8 +147,11 @@ def test_contractions_against_transposed_operands_use_the_transpose_flags():
 GRAD_CASES = [c for c in CASES if all(np.prod(s) > 0 for s in c[:2])]
 
 
-@pytest.mark.parametrize("lhs_shape,rhs_shape,dimension_numbers,copies", GRAD_CASES,
-                         ids=[f"{a}x{b}-{d}" for a, b, d, _ in GRAD_CASES])
+@pytest.mark.parametrize(
+    "lhs_shape,rhs_shape,dimension_numbers,copies",
+    GRAD_CASES,
+    ids=[f"{a}x{b}-{d}" for a, b, d, _ in GRAD_CASES],
+)
 def test_grad_jvp_vmap_match_lax(platform, rng, lhs_shape, rhs_shape, dimension_numbers, copies):
     lhs, rhs = operands(rng, lhs_shape, rhs_shape)
     tl, tr = operands(rng, lhs_shape, rhs_shape)
@@ -143,17 +159,25 @@ def test_grad_jvp_vmap_match_lax(platform, rng, lhs_shape, rhs_shape, dimension_
     theirs = lambda a, b: lax.dot_general(a, b, dimension_numbers, precision=HIGHEST)
     loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))
     close = lambda x, y: jax.tree.map(
-        lambda u, v: np.testing.assert_allclose(u, v, rtol=2e-5, atol=2e-5 * max(
-            1.0, float(np.abs(v).max(initial=0)))), x, y)
+        lambda u, v: np.testing.assert_allclose(
+            u, v, rtol=2e-5, atol=2e-5 * max(1.0, float(np.abs(v).max(initial=0)))
+        ),
+        x,
+        y,
+    )
     close(jax.grad(loss(ours), (0, 1))(lhs, rhs), jax.grad(loss(theirs), (0, 1))(lhs, rhs))
     close(jax.jvp(ours, (lhs, rhs), (tl, tr)), jax.jvp(theirs, (lhs, rhs), (tl, tr)))
     stacked = np.stack([lhs, 2 * lhs])
     close(jax.vmap(ours, (0, None))(stacked, rhs), jax.vmap(theirs, (0, None))(stacked, rhs))
-    close(jax.jit(jax.vmap(ours, (None, 0)))(lhs, np.stack([rhs, -rhs])),
-          jax.vmap(theirs, (None, 0))(lhs, np.stack([rhs, -rhs])))
+    close(
+        jax.jit(jax.vmap(ours, (None, 0)))(lhs, np.stack([rhs, -rhs])),
+        jax.vmap(theirs, (None, 0))(lhs, np.stack([rhs, -rhs])),
+    )
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, np.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype", [jnp.bfloat16, jnp.float16, np.float32], ids=lambda d: np.dtype(d).name
+)
 def test_dtypes(platform, rng, dtype):
     lhs, rhs = operands(rng, (3, 17, 40), (40, 3, 9), dtype)
     d = dims([2], [0], [0], [1])
@@ -170,9 +194,18 @@ def test_float64(platform, rng):
         assert_dot_close(jax_tiled.dot_general(lhs, rhs, d), lhs, rhs, d)
 
 
-@pytest.mark.parametrize("lhs_dtype,rhs_dtype", [
-    (np.float32, jnp.bfloat16), (jnp.float16, jnp.bfloat16), (np.int32, np.float32),
-    (np.int8, jnp.bfloat16), (np.bool_, jnp.float16), (np.float32, np.uint8)], ids=str)
+@pytest.mark.parametrize(
+    "lhs_dtype,rhs_dtype",
+    [
+        (np.float32, jnp.bfloat16),
+        (jnp.float16, jnp.bfloat16),
+        (np.int32, np.float32),
+        (np.int8, jnp.bfloat16),
+        (np.bool_, jnp.float16),
+        (np.float32, np.uint8),
+    ],
+    ids=str,
+)
 def test_mixed_dtypes_give_lax_result_dtype(rng, lhs_dtype, rhs_dtype):
     lhs = random_array(rng, (4, 6), np.float64, integers=True).astype(lhs_dtype)
     rhs = random_array(rng, (6, 3), np.float64, integers=True).astype(rhs_dtype)
@@ -185,8 +218,11 @@ def test_mixed_dtypes_give_lax_result_dtype(rng, lhs_dtype, rhs_dtype):
 
 def test_errors_name_shapes_and_dtypes():
     a, b = jnp.ones((3, 4)), jnp.ones((5, 6))
-    with pytest.raises(TypeError, match=r"contracting dimensions differ: lhs\(3, 4\) has 4 .*"
-                                        r"rhs\(5, 6\) has 5"):
+    with pytest.raises(
+        TypeError,
+        match=r"contracting dimensions differ: lhs\(3, 4\) has 4 .*"
+        r"rhs\(5, 6\) has 5",
+    ):
         jax_tiled.dot_general(a, b, dims([1], [0]))
     with pytest.raises(TypeError, match=r"batch dimensions differ"):
         jax_tiled.dot_general(jnp.ones((2, 3, 4)), jnp.ones((3, 4, 5)), dims([2], [1], [0], [0]))
@@ -199,7 +235,9 @@ def test_errors_name_shapes_and_dtypes():
     with pytest.raises(TypeError, match="dimension_numbers must be"):
         jax_tiled.dot_general(a, b, (1, 0))
     with pytest.raises(TypeError, match=r"integer-only.*int32"):
-        jax_tiled.dot_general(jnp.ones((3, 4), jnp.int32), jnp.ones((4, 5), jnp.int32), dims([1], [0]))
+        jax_tiled.dot_general(
+            jnp.ones((3, 4), jnp.int32), jnp.ones((4, 5), jnp.int32), dims([1], [0])
+        )
     with pytest.raises(TypeError, match="complex64"):
         jax_tiled.dot_general(jnp.ones((3, 4), jnp.complex64), jnp.ones((4, 5)), dims([1], [0]))
     with pytest.raises(ValueError, match="unknown kernel"):
@@ -217,31 +255,45 @@ def test_einsum_runs_its_contractions_on_the_kernels(rng):
 
 # ---- out_sharding (flax.nnx passes it on every call) ----
 
+
 def explicit_mesh():
     if len(jax.devices("cpu")) < 4:
         pytest.fail("conftest asks XLA for 4 CPU devices")
-    return jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2,
-                         devices=jax.devices("cpu")[:4])
+    return jax.make_mesh(
+        (2, 2),
+        ("data", "model"),
+        axis_types=(jax.sharding.AxisType.Explicit,) * 2,
+        devices=jax.devices("cpu")[:4],
+    )
 
 
-@pytest.mark.parametrize("out_spec", [jax.sharding.PartitionSpec(None, "model"),
-                                      jax.sharding.PartitionSpec("data", None),
-                                      jax.sharding.PartitionSpec()], ids=str)
+@pytest.mark.parametrize(
+    "out_spec",
+    [
+        jax.sharding.PartitionSpec(None, "model"),
+        jax.sharding.PartitionSpec("data", None),
+        jax.sharding.PartitionSpec(),
+    ],
+    ids=str,
+)
 def test_out_sharding_as_jnp(rng, out_spec):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
+
     mesh = explicit_mesh()
     x_np, w_np = operands(rng, (8, 16), (16, 4))
     with jax.set_mesh(mesh):
         x = jax.device_put(x_np, NamedSharding(mesh, P("data")))
         w = jax.device_put(w_np, NamedSharding(mesh, P()))
         calls = {
-            "matmul": (lambda x, w: jax_tiled.matmul(x, w, out_sharding=out_spec),
-                       lambda x, w: jnp.matmul(x, w, out_sharding=out_spec)),
-            "dot_general": (lambda x, w: jax_tiled.dot_general(x, w, dims([1], [0]),
-                                                               out_sharding=out_spec),
-                            lambda x, w: lax.dot_general(x, w, dims([1], [0]),
-                                                         out_sharding=out_spec)),
+            "matmul": (
+                lambda x, w: jax_tiled.matmul(x, w, out_sharding=out_spec),
+                lambda x, w: jnp.matmul(x, w, out_sharding=out_spec),
+            ),
+            "dot_general": (
+                lambda x, w: jax_tiled.dot_general(x, w, dims([1], [0]), out_sharding=out_spec),
+                lambda x, w: lax.dot_general(x, w, dims([1], [0]), out_sharding=out_spec),
+            ),
         }
         for name, (ours, theirs) in calls.items():
             for wrap in (lambda f: f, jax.jit):
@@ -260,8 +312,13 @@ def test_out_sharding_as_jnp(rng, out_spec):
 def test_out_sharding_over_automatic_axes_is_refused_as_jnp_refuses_it():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices("cpu")[:4])
+
+    mesh = jax.make_mesh(
+        (2, 2),
+        ("data", "model"),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+        devices=jax.devices("cpu")[:4],
+    )
     x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
     with pytest.raises(ValueError, match="Auto"):
         jnp.matmul(x, w, out_sharding=NamedSharding(mesh, P("data")))

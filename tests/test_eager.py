@@ -19,9 +19,14 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "eager_call.py"
 
 
 def measure(tmp_path, name: str, n: int = 2048) -> dict:
-    run = subprocess.run([sys.executable, str(SCRIPT), name, str(n)], capture_output=True,
-                         text=True, timeout=600, cwd=tmp_path,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), name, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -32,11 +37,17 @@ def clear_refs_works():
         pytest.fail("the peak-memory measurement needs Linux's /proc/self/clear_refs")
 
 
-@pytest.mark.parametrize("ours,theirs", [("matmul", "jnp.matmul"),
-                                         ("dot_general", "lax.dot_general"),
-                                         ("batched matmul", "batched jnp.matmul")])
-def test_eager_call_is_one_compiled_function_and_jnps_memory(tmp_path, clear_refs_works, ours,
-                                                              theirs):
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        ("matmul", "jnp.matmul"),
+        ("dot_general", "lax.dot_general"),
+        ("batched matmul", "batched jnp.matmul"),
+    ],
+)
+def test_eager_call_is_one_compiled_function_and_jnps_memory(
+    tmp_path, clear_refs_works, ours, theirs
+):
     mine, jnps = measure(tmp_path, ours), measure(tmp_path, theirs)
     # One computation, compiled once, as jnp's (op by op, each reshape around
     # the product was a computation of its own).

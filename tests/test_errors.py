@@ -42,8 +42,9 @@ def test_uncomputed_dtypes(bad):
         jax_tiled.matmul(A, jnp.ones((4, 5), bad))
 
 
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8, jnp.bool_, jnp.uint8],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype", [jnp.int32, jnp.int8, jnp.bool_, jnp.uint8], ids=lambda d: np.dtype(d).name
+)
 def test_integer_only_products_are_refused(dtype):
     """Integer operands mixed with floats promote (tests/test_promotion.py);
     integers alone are refused, naming both dtypes."""
@@ -71,7 +72,9 @@ def test_unknown_kernel_lists_valid_ones():
 
 @pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA kernels")
 def test_kernel_unavailable_on_platform():
-    cuda_only = [k for k in jax_tiled._ffi.kernel_names("cuda") if k not in jax_tiled.kernels("cpu")]
+    cuda_only = [
+        k for k in jax_tiled._ffi.kernel_names("cuda") if k not in jax_tiled.kernels("cpu")
+    ]
     if not cuda_only:
         pytest.skip("this build has no CUDA module")
     with pytest.raises(ValueError, match="not available on cpu"):
@@ -92,8 +95,17 @@ def test_kernels_rejects_a_bad_precision(bad):
 
 def test_primitive_checks_its_operands():
     bind = lambda a, b, **kw: jax_tiled.tiled_matmul_p.bind(
-        a, b, **{"transpose_a": False, "transpose_b": False, "out_dtype": np.dtype(np.float32),
-                 "precision": lax.Precision.DEFAULT, "kernel": "auto", **kw})
+        a,
+        b,
+        **{
+            "transpose_a": False,
+            "transpose_b": False,
+            "out_dtype": np.dtype(np.float32),
+            "precision": lax.Precision.DEFAULT,
+            "kernel": "auto",
+            **kw,
+        },
+    )
     with pytest.raises(TypeError, match="rank 3"):
         bind(A, B)
     with pytest.raises(TypeError, match="K=4.*K=5"):
@@ -115,33 +127,68 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
         # The handler refuses too, for callers that bypass the primitive.
         call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.bfloat16))
         with pytest.raises(Exception, match="'pipelined'.*got bfloat16 -> bfloat16"):
-            jax.block_until_ready(call(a[None], a[None], transpose_a=False, transpose_b=False,
-                                       precision=np.int32(2), kernel="pipelined"))
+            jax.block_until_ready(
+                call(
+                    a[None],
+                    a[None],
+                    transpose_a=False,
+                    transpose_b=False,
+                    precision=np.int32(2),
+                    kernel="pipelined",
+                )
+            )
 
 
 def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0):
     return jax.ffi.ffi_call("tiled_matmul_cpu", jax.ShapeDtypeStruct(out_shape, out_dtype))(
-        a, b, transpose_a=np.bool_(False), transpose_b=np.bool_(False),
+        a,
+        b,
+        transpose_a=np.bool_(False),
+        transpose_b=np.bool_(False),
         precision=np.int32(precision) if isinstance(precision, int) else precision,
-        kernel=kernel)
+        kernel=kernel,
+    )
 
 
-@pytest.mark.parametrize("case,pattern", [
-    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 5, 6)), out_shape=(1, 3, 6)),
-     "contracting dimensions differ"),
-    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 7)), "does not match"),
-    (dict(a=jnp.ones((2, 3, 4)), b=jnp.ones((3, 4, 6)), out_shape=(2, 3, 6)), "must each be 1"),
-    (dict(a=jnp.ones((3, 4)), b=jnp.ones((4, 6)), out_shape=(3, 6)), "rank 3"),
-    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), kernel="smem"),
-     "unknown CPU kernel 'smem'"),
-    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), precision=7),
-     "precision attribute must be 0, 1 or 2, got 7"),
-    # The FFI decodes the attribute into the handler's enum: an int32 and nothing else.
-    (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6),
-          precision=np.int64(1)), "precision|scalar data type"),
-    (dict(a=jnp.ones((1, 3, 4), jnp.int32), b=jnp.ones((1, 4, 6), jnp.int32), out_shape=(1, 3, 6)),
-     "dtypes must be"),
-], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "case,pattern",
+    [
+        (
+            dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 5, 6)), out_shape=(1, 3, 6)),
+            "contracting dimensions differ",
+        ),
+        (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 7)), "does not match"),
+        (dict(a=jnp.ones((2, 3, 4)), b=jnp.ones((3, 4, 6)), out_shape=(2, 3, 6)), "must each be 1"),
+        (dict(a=jnp.ones((3, 4)), b=jnp.ones((4, 6)), out_shape=(3, 6)), "rank 3"),
+        (
+            dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), kernel="smem"),
+            "unknown CPU kernel 'smem'",
+        ),
+        (
+            dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), precision=7),
+            "precision attribute must be 0, 1 or 2, got 7",
+        ),
+        # The FFI decodes the attribute into the handler's enum: an int32 and nothing else.
+        (
+            dict(
+                a=jnp.ones((1, 3, 4)),
+                b=jnp.ones((1, 4, 6)),
+                out_shape=(1, 3, 6),
+                precision=np.int64(1),
+            ),
+            "precision|scalar data type",
+        ),
+        (
+            dict(
+                a=jnp.ones((1, 3, 4), jnp.int32),
+                b=jnp.ones((1, 4, 6), jnp.int32),
+                out_shape=(1, 3, 6),
+            ),
+            "dtypes must be",
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
 def test_handler_returns_ffi_errors(case, pattern):
     """Past the Python checks, the C++ handler still validates and reports, never aborts."""
     with jax.default_device(jax.devices("cpu")[0]):

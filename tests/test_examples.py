@@ -17,9 +17,14 @@ EXAMPLES = ROOT / "examples"
 
 def run(tmp_path, name: str, *args: str) -> dict:
     # In a scratch folder, so that nothing an example writes lands in the repository.
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -54,5 +59,6 @@ def test_readme_test_command_is_ci_and_installs_the_test_extra():
     assert command in (ROOT / ".ci" / "run").read_text()
     installed = set(command.split("&&")[0].split()[2:])
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]["test"]
+        "optional-dependencies"
+    ]["test"]
     assert installed == {re.split(r"[<>=!~ ]", req)[0] for req in extra}

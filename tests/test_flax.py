@@ -46,8 +46,10 @@ def test_linen_layers_match_stock(name):
     params = stock.init(jax.random.key(1), X)
     assert_close(ours.apply(params, X), stock.apply(params, X))
     loss = lambda layer: lambda p, x: jnp.sum(jnp.sin(layer.apply(p, x)))
-    assert_close(jax.jit(jax.grad(loss(ours), (0, 1)))(params, X),
-                 jax.jit(jax.grad(loss(stock), (0, 1)))(params, X))
+    assert_close(
+        jax.jit(jax.grad(loss(ours), (0, 1)))(params, X),
+        jax.jit(jax.grad(loss(stock), (0, 1)))(params, X),
+    )
     no_dot_general(jax.grad(loss(ours), (0, 1)), params, X)
 
 
@@ -55,10 +57,12 @@ def test_linen_layers_match_stock(name):
 
 NNX = {
     "Linear": lambda rngs, **kw: nnx.Linear(6, 7, rngs=rngs, **kw),
-    "LinearGeneral": lambda rngs, **kw: nnx.LinearGeneral((4, 6), (2, 3), axis=(-2, -1),
-                                                          rngs=rngs, **kw),
-    "LinearGeneral-batch": lambda rngs, **kw: nnx.LinearGeneral(6, 3, axis=-1,
-                                                                batch_axis={0: 3}, rngs=rngs, **kw),
+    "LinearGeneral": lambda rngs, **kw: nnx.LinearGeneral(
+        (4, 6), (2, 3), axis=(-2, -1), rngs=rngs, **kw
+    ),
+    "LinearGeneral-batch": lambda rngs, **kw: nnx.LinearGeneral(
+        6, 3, axis=-1, batch_axis={0: 3}, rngs=rngs, **kw
+    ),
 }
 
 
@@ -81,8 +85,9 @@ def test_nnx_layers_match_stock(name):
 
 
 def test_nnx_einsum_with_einsum_op():
-    make = lambda **kw: nnx.Einsum("bthd,hdk->btk", (4, 6, 5), (5,), rngs=nnx.Rngs(2),
-                                   precision="highest", **kw)
+    make = lambda **kw: nnx.Einsum(
+        "bthd,hdk->btk", (4, 6, 5), (5,), rngs=nnx.Rngs(2), precision="highest", **kw
+    )
     ours, stock = make(einsum_op=jax_tiled.einsum), make()
     assert_close(ours(X), stock(X))
     graphdef, state = nnx.split(ours)
@@ -91,15 +96,21 @@ def test_nnx_einsum_with_einsum_op():
     g = jax.jit(jax.grad(loss, (0, 1)))(state, X)
     graphdef_s, state_s = nnx.split(stock)
     h = jax.jit(jax.grad(lambda s, x: jnp.sum(jnp.sin(nnx.merge(graphdef_s, s)(x))), (0, 1)))(
-        state_s, X)
+        state_s, X
+    )
     assert_close(g, h)
 
 
 def test_nnx_passes_out_sharding_under_an_explicit_mesh():
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2,
-                         devices=jax.devices("cpu")[:4])
+
+    mesh = jax.make_mesh(
+        (2, 2),
+        ("data", "model"),
+        axis_types=(AxisType.Explicit,) * 2,
+        devices=jax.devices("cpu")[:4],
+    )
     with jax.set_mesh(mesh):
         ours = nnx.Linear(6, 8, dot_general=jax_tiled.dot_general, rngs=nnx.Rngs(3))
         stock = nnx.Linear(6, 8, rngs=nnx.Rngs(3))
@@ -112,6 +123,7 @@ def test_nnx_passes_out_sharding_under_an_explicit_mesh():
 
 
 # ---- Training alike ----
+
 
 def _digits_example():
     path = Path(__file__).resolve().parent.parent / "examples" / "mlp_digits.py"

@@ -27,8 +27,9 @@ from jax_tiled import _ffi
 
 S = jax.ShapeDtypeStruct
 
-needs_cuda_module = pytest.mark.skipif(not _ffi.cuda_module_built(),
-                                       reason="this build has no CUDA module")
+needs_cuda_module = pytest.mark.skipif(
+    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
+)
 
 
 def test_cpu():
@@ -38,8 +39,10 @@ def test_cpu():
     assert (found.dtype, found.out_dtype, found.precision) == ("float32", "float32", "DEFAULT")
     assert found.kernel == "blocked" and found.plan == "" and found.runs_as == ""
     assert found.reason == "the cache-blocked CPU kernel, the only CPU kernel"
-    assert str(found) == ("cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32, precision DEFAULT: "
-                          "blocked: the cache-blocked CPU kernel, the only CPU kernel")
+    assert str(found) == (
+        "cpu: 1 x (12 x 5) @ (5 x 6), float32 -> float32, precision DEFAULT: "
+        "blocked: the cache-blocked CPU kernel, the only CPU kernel"
+    )
 
 
 def test_a_broadcast_batch_is_a_batch_of_one():
@@ -49,20 +52,37 @@ def test_a_broadcast_batch_is_a_batch_of_one():
 
 
 def test_forced_kernel_and_promotion():
-    found = jax_tiled.explain(S((4, 5), jnp.bfloat16), S((5, 6), jnp.float16), kernel="blocked",
-                              precision="highest", preferred_element_type=jnp.float16,
-                              backend="cpu")
+    found = jax_tiled.explain(
+        S((4, 5), jnp.bfloat16),
+        S((5, 6), jnp.float16),
+        kernel="blocked",
+        precision="highest",
+        preferred_element_type=jnp.float16,
+        backend="cpu",
+    )
     assert (found.dtype, found.out_dtype, found.precision) == ("float32", "float16", "HIGHEST")
     assert (found.kernel, found.reason) == ("blocked", "forced by kernel='blocked'")
-    assert "float32 -> float16, precision HIGHEST: blocked: forced by kernel='blocked'" in str(found)
+    assert "float32 -> float16, precision HIGHEST: blocked: forced by kernel='blocked'" in str(
+        found
+    )
 
 
-@pytest.mark.parametrize("precision,name", [
-    (None, "DEFAULT"), ("high", "HIGH"), ("tensorfloat32", "HIGH"), ("bfloat16", "DEFAULT"),
-    ("float32", "HIGHEST"), (("default", "highest"), "HIGHEST")], ids=str)
+@pytest.mark.parametrize(
+    "precision,name",
+    [
+        (None, "DEFAULT"),
+        ("high", "HIGH"),
+        ("tensorfloat32", "HIGH"),
+        ("bfloat16", "DEFAULT"),
+        ("float32", "HIGHEST"),
+        (("default", "highest"), "HIGHEST"),
+    ],
+    ids=str,
+)
 def test_head_names_the_precision(precision, name):
-    found = jax_tiled.explain(S((8, 16), jnp.float32), S((16, 4), jnp.float32),
-                              precision=precision, backend="cpu")
+    found = jax_tiled.explain(
+        S((8, 16), jnp.float32), S((16, 4), jnp.float32), precision=precision, backend="cpu"
+    )
     assert (found.precision, found.kernel) == (name, "blocked")
 
 
@@ -78,16 +98,21 @@ def test_bad_input_raises_like_matmul():
 
 
 @needs_cuda_module
-@pytest.mark.parametrize("a,b,kernel,reason", [
-    ((4096, 4096), (4096, 4096), "warptile", "128 x 128 blocks of 8 warps fill the"),
-    ((256, 256), (256, 256), "pipelined", "64 x 64 blocks of 2 warps"),
-    ((16, 8192), (8192, 8192), "smem16", "fewer than 64 rows or columns"),
-    ((8192, 64), (64, 40), "smem16", "fewer than 64 rows or columns"),
-], ids=str)
+@pytest.mark.parametrize(
+    "a,b,kernel,reason",
+    [
+        ((4096, 4096), (4096, 4096), "warptile", "128 x 128 blocks of 8 warps fill the"),
+        ((256, 256), (256, 256), "pipelined", "64 x 64 blocks of 2 warps"),
+        ((16, 8192), (8192, 8192), "smem16", "fewer than 64 rows or columns"),
+        ((8192, 64), (64, 40), "smem16", "fewer than 64 rows or columns"),
+    ],
+    ids=str,
+)
 def test_cuda_auto_by_shape(a, b, kernel, reason):
     """float32 at HIGHEST: true fp32, on the SIMT kernels."""
-    found = jax_tiled.explain(S(a, jnp.float32), S(b, jnp.float32), precision="highest",
-                              backend="gpu")
+    found = jax_tiled.explain(
+        S(a, jnp.float32), S(b, jnp.float32), precision="highest", backend="gpu"
+    )
     assert found.kernel == kernel and found.reason.startswith(reason), found
     assert "tiles" in found.plan, found
     assert str(found).endswith(f"{kernel}: {found.reason}; runs {found.plan}")
@@ -96,8 +121,9 @@ def test_cuda_auto_by_shape(a, b, kernel, reason):
 @needs_cuda_module
 def test_cuda_auto_float64():
     with jax.enable_x64(True):
-        found = jax_tiled.explain(S((512, 512), jnp.float64), S((512, 512), jnp.float64),
-                                  backend="gpu")
+        found = jax_tiled.explain(
+            S((512, 512), jnp.float64), S((512, 512), jnp.float64), backend="gpu"
+        )
     assert found.kernel == "smem16" and found.reason.startswith("float64"), found
 
 
@@ -105,38 +131,54 @@ def test_cuda_auto_float64():
 def test_cuda_auto_by_dtype():
     """16-bit inputs go to the tensor cores; cp.async cannot convert, so
     float64 results go to warptile."""
-    found = jax_tiled.explain(S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16),
-                              backend="gpu")
+    found = jax_tiled.explain(
+        S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16), backend="gpu"
+    )
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
         assert found.kernel == "wgmma" and found.reason.startswith("16-bit inputs on a Hopper GPU")
     else:
         assert found.kernel == "mma" and found.reason.startswith(
-            "16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU"), found
+            "16-bit inputs: mma.sync tensor cores, since wgmma needs a Hopper GPU"
+        ), found
     with jax.enable_x64(True):
-        found = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
-                                  preferred_element_type=jnp.float64, precision="highest",
-                                  backend="gpu")
+        found = jax_tiled.explain(
+            S((512, 512), jnp.float32),
+            S((512, 512), jnp.float32),
+            preferred_element_type=jnp.float64,
+            precision="highest",
+            backend="gpu",
+        )
         assert found.kernel == "warptile", found
         assert found.reason.endswith("float32 -> float64 needs warptile's converting copies")
-        found = jax_tiled.explain(S((512, 512), jnp.float32), S((512, 512), jnp.float32),
-                                  preferred_element_type=jnp.float64, backend="gpu")
+        found = jax_tiled.explain(
+            S((512, 512), jnp.float32),
+            S((512, 512), jnp.float32),
+            preferred_element_type=jnp.float64,
+            backend="gpu",
+        )
         assert found.kernel == "warptile"  # the tensor cores never give float64
 
 
 @needs_cuda_module
-@pytest.mark.parametrize("a,b,transpose_a,rows", [
-    ((512, 17), (17, 512), False, 17),  # a's rows are K = 17 long
-    ((512, 17), (512, 512), True, 17),  # a stored (K, M): rows of M = 17
-], ids=str)
+@pytest.mark.parametrize(
+    "a,b,transpose_a,rows",
+    [
+        ((512, 17), (17, 512), False, 17),  # a's rows are K = 17 long
+        ((512, 17), (512, 512), True, 17),  # a stored (K, M): rows of M = 17
+    ],
+    ids=str,
+)
 def test_cuda_auto_routes_rows_the_copy_engine_cannot_read_to_mma(a, b, transpose_a, rows):
     (m, k), n = ((a[1], a[0]) if transpose_a else a), b[1]
     problem = (1, 1, m, n, k, transpose_a, False)
     kernel, reason, _ = _ffi.cuda_explain("bfloat16", "bfloat16", problem, 132)
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
         assert kernel == "mma"
-        assert reason.startswith("16-bit inputs: mma.sync tensor cores, since the TMA copy "
-                                 f"engine needs rows and batches that start at multiples of 16 "
-                                 f"bytes (a's rows are {rows} elements")
+        assert reason.startswith(
+            "16-bit inputs: mma.sync tensor cores, since the TMA copy "
+            f"engine needs rows and batches that start at multiples of 16 "
+            f"bytes (a's rows are {rows} elements"
+        )
     assert _ffi.refusal("cuda", "mma", jnp.bfloat16, jnp.bfloat16, problem) == ""
 
 
@@ -154,7 +196,8 @@ def test_refusal_names_the_kernel_and_dtypes():
     assert _ffi.refusal("cuda", "mma", jnp.float16, np.float32) == ""
     batch_stride_odd = (3, 3, 9, 64, 64, True, False)  # a stored (3, 64, 9): rows of 9
     assert "kernel 'wgmma' reads operands with the TMA copy engine" in _ffi.refusal(
-        "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd)
+        "cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, batch_stride_odd
+    )
 
 
 @needs_cuda_module
@@ -163,8 +206,9 @@ def test_refusal_float32_by_precision():
     not at HIGHEST (true fp32); the SIMT kernels take it at every precision."""
     for kernel in tensor_cores_of_this_gpu():
         for precision in ("default", "high", jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH):
-            assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
-                                precision=precision) == "", (kernel, precision)
+            assert (
+                _ffi.refusal("cuda", kernel, np.float32, np.float32, precision=precision) == ""
+            ), (kernel, precision)
         for out_dtype in (np.float32, jnp.bfloat16, jnp.float16):
             assert _ffi.refusal("cuda", kernel, np.float32, out_dtype) == ""
             why = _ffi.refusal("cuda", kernel, np.float32, out_dtype, precision="highest")
@@ -173,8 +217,9 @@ def test_refusal_float32_by_precision():
         assert _ffi.refusal("cuda", kernel, jnp.bfloat16, jnp.bfloat16, precision="highest") == ""
     for kernel in SIMT_KERNELS:
         for precision in ("default", "high", "highest"):
-            assert _ffi.refusal("cuda", kernel, np.float32, np.float32,
-                                precision=precision) == "", (kernel, precision)
+            assert (
+                _ffi.refusal("cuda", kernel, np.float32, np.float32, precision=precision) == ""
+            ), (kernel, precision)
 
 
 @needs_cuda_module
@@ -198,8 +243,7 @@ def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
 
 
 @needs_cuda_module
-@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)], ids=str)
 def test_cuda_auto_float32_by_precision(shape):
     """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT kernel; the
     head names the precision either way."""
@@ -234,9 +278,16 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 def test_the_cpu_table_is_the_one_cpu_kernel():
     (blocked,) = _ffi.kernel_table("cpu")
-    assert blocked == _ffi.KernelFacts(name="blocked", listed=True, tensor_cores=False,
-                                       true_fp32=True, min_capability=0, hopper_only=False,
-                                       inputs=DTYPES, outputs=DTYPES)
+    assert blocked == _ffi.KernelFacts(
+        name="blocked",
+        listed=True,
+        tensor_cores=False,
+        true_fp32=True,
+        min_capability=0,
+        hopper_only=False,
+        inputs=DTYPES,
+        outputs=DTYPES,
+    )
     assert CPU_KERNELS == ("blocked",) and jax_tiled.kernels("cpu") == ["blocked"]
 
 
@@ -269,16 +320,31 @@ def test_the_table_facts_are_the_refusals(precision):
     capability = _ffi.cuda_compute_capability()
     for kernel in _ffi.kernel_table("cuda"):
         for dtype, out_dtype in itertools.product(DTYPES, DTYPES):
-            takes = (dtype in kernel.inputs and out_dtype in kernel.outputs
-                     and admits(kernel, capability)
-                     and (kernel.true_fp32 or dtype != "float32" or precision != "highest"))
+            takes = (
+                dtype in kernel.inputs
+                and out_dtype in kernel.outputs
+                and admits(kernel, capability)
+                and (kernel.true_fp32 or dtype != "float32" or precision != "highest")
+            )
             why = _ffi.refusal("cuda", kernel.name, dtype, out_dtype, precision=precision)
             assert (why == "") == takes, (kernel.name, dtype, out_dtype, why)
 
 
-@pytest.mark.parametrize("precision", [None, "default", "high", "highest", "bfloat16",
-                                       "tensorfloat32", "float32", lax.Precision.HIGH,
-                                       ("default", "highest")], ids=str)
+@pytest.mark.parametrize(
+    "precision",
+    [
+        None,
+        "default",
+        "high",
+        "highest",
+        "bfloat16",
+        "tensorfloat32",
+        "float32",
+        lax.Precision.HIGH,
+        ("default", "highest"),
+    ],
+    ids=str,
+)
 def test_cpu_listing_by_precision(precision):
     assert jax_tiled.kernels("cpu", F32, precision=precision) == ["blocked"]
     assert jax_tiled.kernels("cpu", jnp.bfloat16, F32, precision) == ["blocked"]
@@ -293,8 +359,11 @@ def test_cuda_listing_by_dtype_and_precision():
     assert here  # sm_80+: every GPU this package builds for has tensor-core kernels
     for dtype, out_dtype in itertools.product(DTYPES, DTYPES):
         listed = jax_tiled.kernels("gpu", dtype, out_dtype)
-        assert listed == [k.name for k in CUDA_TABLE if dtype in k.inputs
-                          and out_dtype in k.outputs and admits(k, capability)], (dtype, out_dtype)
+        assert listed == [
+            k.name
+            for k in CUDA_TABLE
+            if dtype in k.inputs and out_dtype in k.outputs and admits(k, capability)
+        ], (dtype, out_dtype)
     for precision in ("default", "high", "highest"):  # 16-bit: precision changes nothing
         assert set(here) <= set(jax_tiled.kernels("gpu", jnp.bfloat16, precision=precision))
     # float32 runs on the tensor cores as TF32 (DEFAULT) or 3xTF32 (HIGH), never
@@ -310,7 +379,6 @@ def test_cuda_listing_by_dtype_and_precision():
         highest = jax_tiled.kernels("gpu", F32, out_dtype, precision="highest")
         assert not set(TENSOR_CORE_KERNELS) & set(highest), highest
         assert [k.name for k in CUDA_TABLE if k.true_fp32 and admits(k, capability)] == highest
-        assert set(here) <= set(jax_tiled.kernels("gpu", F32, out_dtype,
-                                                  precision="tensorfloat32"))
+        assert set(here) <= set(jax_tiled.kernels("gpu", F32, out_dtype, precision="tensorfloat32"))
     with jax.default_matmul_precision("float32"):  # precision=None honours it
         assert not set(TENSOR_CORE_KERNELS) & set(jax_tiled.kernels("gpu", F32))

@@ -42,20 +42,55 @@ def _mm(a, b):
 # (name, stored shapes, the function, op(a) and op(b) from the stored arrays,
 #  the flags the kernel should get)
 CASES = [
-    ("a @ b.T", ((33, 70), (45, 70)), lambda a, b: _mm(a, b.T),
-     lambda a, b: (a, b.T), (False, True)),
-    ("a.T @ b", ((70, 33), (70, 45)), lambda a, b: _mm(a.T, b),
-     lambda a, b: (a.T, b), (True, False)),
-    ("a.T @ b.T", ((70, 33), (45, 70)), lambda a, b: _mm(a.T, b.T),
-     lambda a, b: (a.T, b.T), (True, True)),
-    ("batched x @ w.mT", ((3, 33, 70), (3, 45, 70)), lambda a, b: _mm(a, b.mT),
-     lambda a, b: (a, np.swapaxes(b, -1, -2)), (False, True)),
-    ("4-d batch a.mT @ b", ((2, 3, 70, 33), (2, 3, 70, 45)), lambda a, b: _mm(a.mT, b),
-     lambda a, b: (np.swapaxes(a, -1, -2), b), (True, False)),
-    ("batch broadcast x @ w.T", ((4, 33, 70), (45, 70)), lambda a, b: _mm(a, b.T),
-     lambda a, b: (a, b.T), (False, True)),
-    ("vector @ w.T", ((70,), (45, 70)), lambda a, b: _mm(a, b.T),
-     lambda a, b: (a[None], b.T), (False, True)),
+    (
+        "a @ b.T",
+        ((33, 70), (45, 70)),
+        lambda a, b: _mm(a, b.T),
+        lambda a, b: (a, b.T),
+        (False, True),
+    ),
+    (
+        "a.T @ b",
+        ((70, 33), (70, 45)),
+        lambda a, b: _mm(a.T, b),
+        lambda a, b: (a.T, b),
+        (True, False),
+    ),
+    (
+        "a.T @ b.T",
+        ((70, 33), (45, 70)),
+        lambda a, b: _mm(a.T, b.T),
+        lambda a, b: (a.T, b.T),
+        (True, True),
+    ),
+    (
+        "batched x @ w.mT",
+        ((3, 33, 70), (3, 45, 70)),
+        lambda a, b: _mm(a, b.mT),
+        lambda a, b: (a, np.swapaxes(b, -1, -2)),
+        (False, True),
+    ),
+    (
+        "4-d batch a.mT @ b",
+        ((2, 3, 70, 33), (2, 3, 70, 45)),
+        lambda a, b: _mm(a.mT, b),
+        lambda a, b: (np.swapaxes(a, -1, -2), b),
+        (True, False),
+    ),
+    (
+        "batch broadcast x @ w.T",
+        ((4, 33, 70), (45, 70)),
+        lambda a, b: _mm(a, b.T),
+        lambda a, b: (a, b.T),
+        (False, True),
+    ),
+    (
+        "vector @ w.T",
+        ((70,), (45, 70)),
+        lambda a, b: _mm(a, b.T),
+        lambda a, b: (a[None], b.T),
+        (False, True),
+    ),
 ]
 
 
@@ -74,7 +109,7 @@ def test_transposes_become_flags_not_copies(rng, name, shapes, f, ops, flags):
 
 def test_other_permutations_are_copied(rng):
     """Only a swap of the last two axes is a layout the kernel reads."""
-    a = random_array(rng, (33, 3, 70), np.float32)   # stored (m, batch, k)
+    a = random_array(rng, (33, 3, 70), np.float32)  # stored (m, batch, k)
     b = random_array(rng, (3, 70, 45), np.float32)
 
     def f(a, b):
@@ -118,9 +153,11 @@ def test_symbolic_shapes_keep_the_copy_and_export(rng):
     """A dynamic shape is not folded (its reshape would need the shape at run time)."""
     b = random_array(rng, (45, 70), np.float32)
     spec = jax.export.symbolic_shape("n, 70")
-    exported = jax.export.export(jax.jit(lambda a, b: _mm(a, b.T)), platforms=["cpu"],
-                                 disabled_checks=jax_tiled.export_disabled_checks())(
-        jax.ShapeDtypeStruct(spec, np.float32), jax.ShapeDtypeStruct(b.shape, np.float32))
+    exported = jax.export.export(
+        jax.jit(lambda a, b: _mm(a, b.T)),
+        platforms=["cpu"],
+        disabled_checks=jax_tiled.export_disabled_checks(),
+    )(jax.ShapeDtypeStruct(spec, np.float32), jax.ShapeDtypeStruct(b.shape, np.float32))
     a = random_array(rng, (9, 70), np.float32)
     out = np.asarray(exported.call(*_on_cpu(a, b)))
     assert_matmul_close(out, a, b.T, platform="cpu", precision="highest")

@@ -74,8 +74,15 @@ def _edge_sizes(tile: int) -> list[int]:
 # Tile sizes of the kernels: the CPU kernel's register (12 x 32) and cache (up
 # to 384 x 256, 256 deep) blocks; CUDA: smem's 16 and 32, regblock's 64,
 # warptile's 64 and 128 blocks and 8-deep slabs.
-EDGE_SIZES = sorted(set(_edge_sizes(16) + _edge_sizes(32) + _edge_sizes(64) + _edge_sizes(128)
-                        + [255, 256, 257, 383, 384, 385, 509, 510, 511]))
+EDGE_SIZES = sorted(
+    set(
+        _edge_sizes(16)
+        + _edge_sizes(32)
+        + _edge_sizes(64)
+        + _edge_sizes(128)
+        + [255, 256, 257, 383, 384, 385, 509, 510, 511]
+    )
+)
 
 
 @pytest.mark.parametrize("dim", ["m", "k", "n"])
@@ -100,9 +107,21 @@ def test_tile_edges_cube(platform, rng):
 
 # (m, k, n) off the tensor-core kernels' tiles (mma 128 x 128 x 32 and 64 x 64;
 # wgmma 128 x 256 or 128 x 128, 64 deep), K = 1, and single rows and columns.
-TENSOR_CORE_EDGE_SHAPES = [(1, 1, 1), (1, 7, 65), (7, 1, 129), (65, 129, 1), (129, 257, 7),
-                           (257, 65, 129), (65, 1, 65), (1, 257, 1), (129, 7, 257),
-                           (257, 257, 257), (64, 1, 64), (128, 8, 256), (68, 132, 260)]
+TENSOR_CORE_EDGE_SHAPES = [
+    (1, 1, 1),
+    (1, 7, 65),
+    (7, 1, 129),
+    (65, 129, 1),
+    (129, 257, 7),
+    (257, 65, 129),
+    (65, 1, 65),
+    (1, 257, 1),
+    (129, 7, 257),
+    (257, 257, 257),
+    (64, 1, 64),
+    (128, 8, 256),
+    (68, 132, 260),
+]
 
 
 @pytest.mark.parametrize("precision", ["default", "high"])
@@ -116,11 +135,21 @@ def test_tile_edges_at_tensor_core_precisions(platform, rng, precision):
             assert_matmul_close(out, a, b, platform=platform, precision=precision)
 
 
-@pytest.mark.parametrize("a_shape,b_shape", [
-    ((0, 5), (5, 7)), ((5, 0), (0, 7)), ((5, 7), (7, 0)), ((0, 0), (0, 0)),
-    ((0, 3, 4), (4, 5)), ((2, 3, 0), (2, 0, 5)), ((2, 0, 4), (1, 4, 5)), ((0,), (0,)),
-    ((3, 0), (0,)),
-], ids=str)
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((0, 5), (5, 7)),
+        ((5, 0), (0, 7)),
+        ((5, 7), (7, 0)),
+        ((0, 0), (0, 0)),
+        ((0, 3, 4), (4, 5)),
+        ((2, 3, 0), (2, 0, 5)),
+        ((2, 0, 4), (1, 4, 5)),
+        ((0,), (0,)),
+        ((3, 0), (0,)),
+    ],
+    ids=str,
+)
 def test_zero_sizes(platform, rng, a_shape, b_shape):
     a = random_array(rng, a_shape, np.float32)
     b = random_array(rng, b_shape, np.float32)
@@ -140,16 +169,23 @@ def test_batches_and_broadcast_batches(platform, rng, batch_a, batch_b, shape):
     float32 at DEFAULT and HIGH (on CPU, the CPU kernel)."""
     m, n, k = shape
     for ta, tb in LAYOUTS:
-        for dtype, precision in [(F32, lax.Precision.DEFAULT), (F32, lax.Precision.HIGH),
-                                 (jnp.bfloat16, lax.Precision.DEFAULT)]:
+        for dtype, precision in [
+            (F32, lax.Precision.DEFAULT),
+            (F32, lax.Precision.HIGH),
+            (jnp.bfloat16, lax.Precision.DEFAULT),
+        ]:
             a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, dtype, batch_a, batch_b)
             problem = (batch_a, batch_b, m, n, k, ta, tb)
             for kernel in tensor_kernels_on(platform, problem, precision, dtype):
                 out = bind_product(a, b, ta, tb, precision=precision, kernel=kernel)
                 assert out.shape == (3, m, n)
-                assert_matmul_close(out, np.broadcast_to(a_op, (3, m, k)),
-                                    np.broadcast_to(b_op, (3, k, n)), platform=platform,
-                                    precision=precision)
+                assert_matmul_close(
+                    out,
+                    np.broadcast_to(a_op, (3, m, k)),
+                    np.broadcast_to(b_op, (3, k, n)),
+                    platform=platform,
+                    precision=precision,
+                )
 
 
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
@@ -167,14 +203,28 @@ def test_dtypes_and_transposes(platform, rng, dtype, transpose):
         b_op = np.swapaxes(b, 1, 2) if "b" in transpose else b
         problem = (2, 2, m, n, k, "a" in transpose, "b" in transpose)
         for kernel in kernels_on(platform, dtype, problem=problem, precision="highest"):
-            out = bind_product(a, b, "a" in transpose, "b" in transpose,
-                               precision=lax.Precision.HIGHEST, kernel=kernel)
+            out = bind_product(
+                a,
+                b,
+                "a" in transpose,
+                "b" in transpose,
+                precision=lax.Precision.HIGHEST,
+                kernel=kernel,
+            )
             assert_matmul_close(out, a_op, b_op, platform=platform, precision="highest")
 
 
-@pytest.mark.parametrize("a_dtype,b_dtype", [
-    (jnp.float16, jnp.bfloat16), (jnp.bfloat16, np.float32), (jnp.float16, np.float32),
-    (np.float32, np.float64), (jnp.bfloat16, np.float64)], ids=str)
+@pytest.mark.parametrize(
+    "a_dtype,b_dtype",
+    [
+        (jnp.float16, jnp.bfloat16),
+        (jnp.bfloat16, np.float32),
+        (jnp.float16, np.float32),
+        (np.float32, np.float64),
+        (jnp.bfloat16, np.float64),
+    ],
+    ids=str,
+)
 def test_mixed_dtype_promotion(platform, rng, a_dtype, b_dtype):
     with x64():
         a = random_array(rng, (9, 33), a_dtype)
@@ -185,19 +235,35 @@ def test_mixed_dtype_promotion(platform, rng, a_dtype, b_dtype):
         assert_matmul_close(out, a, b, platform=platform, precision="highest")
 
 
-@pytest.mark.parametrize("in_dtype,out_dtype", [
-    (jnp.bfloat16, np.float32), (jnp.float16, np.float32), (np.float32, jnp.bfloat16),
-    (np.float32, np.float64), (np.float64, np.float32), (jnp.bfloat16, jnp.float16)], ids=str)
+@pytest.mark.parametrize(
+    "in_dtype,out_dtype",
+    [
+        (jnp.bfloat16, np.float32),
+        (jnp.float16, np.float32),
+        (np.float32, jnp.bfloat16),
+        (np.float32, np.float64),
+        (np.float64, np.float32),
+        (jnp.bfloat16, jnp.float16),
+    ],
+    ids=str,
+)
 def test_preferred_element_type(platform, rng, in_dtype, out_dtype):
     with x64():
         a = random_array(rng, (3, 21, 130), in_dtype)
         b = random_array(rng, (130, 19), in_dtype)
-        for kernel in kernels_on(platform, in_dtype, out_dtype, precision="highest",
-                                 problem=(1, 1, 3 * 21, 19, 130, False, False)):
-            out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
-                                   precision="highest")
-            assert_matmul_close(out, a, b, platform=platform, precision="highest",
-                                out_dtype=out_dtype)
+        for kernel in kernels_on(
+            platform,
+            in_dtype,
+            out_dtype,
+            precision="highest",
+            problem=(1, 1, 3 * 21, 19, 130, False, False),
+        ):
+            out = jax_tiled.matmul(
+                a, b, preferred_element_type=out_dtype, kernel=kernel, precision="highest"
+            )
+            assert_matmul_close(
+                out, a, b, platform=platform, precision="highest", out_dtype=out_dtype
+            )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -211,10 +277,16 @@ def test_bit_exact_on_small_integers(platform, rng, dtype, k):
         assert np.abs(ref).max() > 0
         out_dtype = np.float64 if np.dtype(dtype) == np.float64 else np.float32
         for precision in ("default", "high", "highest"):
-            for kernel in kernels_on(platform, dtype, out_dtype, precision=precision,
-                                     problem=(2, 2, 45, 77, k, False, False)):
-                out = jax_tiled.matmul(a, b, preferred_element_type=out_dtype, kernel=kernel,
-                                       precision=precision)
+            for kernel in kernels_on(
+                platform,
+                dtype,
+                out_dtype,
+                precision=precision,
+                problem=(2, 2, 45, 77, k, False, False),
+            ):
+                out = jax_tiled.matmul(
+                    a, b, preferred_element_type=out_dtype, kernel=kernel, precision=precision
+                )
                 np.testing.assert_array_equal(np.asarray(out, np.float64), ref)
 
 
@@ -229,8 +301,10 @@ def test_repeated_runs_bitwise_identical(platform, rng):
 
 
 def test_concurrent_calls_from_threads(platform, rng):
-    inputs = [(random_array(rng, (130 + i, 257), np.float32), random_array(rng, (257, 190), np.float32))
-              for i in range(8)]
+    inputs = [
+        (random_array(rng, (130 + i, 257), np.float32), random_array(rng, (257, 190), np.float32))
+        for i in range(8)
+    ]
     f = jax.jit(lambda a, b: jax_tiled.matmul(a, b, precision="highest"))
     device = jax.devices(platform)[0]
 
@@ -259,9 +333,13 @@ def test_operand_over_2_31_elements(dtype):
             # Each kernel at the precision it computes: float32 on the tensor-core
             # kernels is TF32 (DEFAULT), on the others true fp32 (HIGHEST).
             precision = "highest" if kernel in true_fp32 else "default"
-            out = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
-                                                        precision=precision, kernel=kernel))(a, b)
-            rows = np.r_[0:4, m // 2, m - 4:m]
-            assert_matmul_close(out[rows], a[rows], b, platform="cuda", precision=precision,
-                                out_dtype=np.float32)
+            out = jax.jit(
+                lambda a, b: jax_tiled.matmul(
+                    a, b, preferred_element_type=jnp.float32, precision=precision, kernel=kernel
+                )
+            )(a, b)
+            rows = np.r_[0:4, m // 2, m - 4 : m]
+            assert_matmul_close(
+                out[rows], a[rows], b, platform="cuda", precision=precision, out_dtype=np.float32
+            )
             del out

@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def _python(*args: str) -> subprocess.CompletedProcess:
     """Python started in the repository root, as the README's commands are."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_source_tree_is_not_imported_by_accident():
@@ -50,8 +51,11 @@ def test_the_source_tree_is_not_imported_by_accident():
         pytest.skip("not run from a checkout")
     if Path(jax_tiled.__file__).resolve().parent == ROOT / "jax_tiled":
         pytest.skip("an editable install imports the source tree on purpose")
-    plain = _python("-c", "import sys\ntry:\n import jax_tiled\nexcept ImportError as e:\n"
-                          " print(e)\n print('jax imported:', 'jax' in sys.modules)")
+    plain = _python(
+        "-c",
+        "import sys\ntry:\n import jax_tiled\nexcept ImportError as e:\n"
+        " print(e)\n print('jax imported:', 'jax' in sys.modules)",
+    )
     assert plain.returncode == 0, plain.stderr
     assert "pip install ." in plain.stdout and "python -P" in plain.stdout, plain.stdout
     assert plain.stdout.strip().endswith("jax imported: False"), plain.stdout  # at once
@@ -70,8 +74,12 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{module} imports relatively"  # the package does not
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
-                     else node.module for alias in node.names]
+            names = [
+                f"{node.module}.{alias.name}"
+                if f"{node.module}.{alias.name}" in modules
+                else node.module
+                for alias in node.names
+            ]
         else:
             continue
         found.update(name for name in names if name in modules and name != module)
@@ -92,7 +100,7 @@ def test_no_import_cycle_among_the_package_modules():
         state[module] = "open"
         for imported in sorted(graph[module]):
             if state.get(imported) == "open":
-                cycle = trail[trail.index(imported):] + [imported]
+                cycle = trail[trail.index(imported) :] + [imported]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if imported not in state:
                 visit(imported, [*trail, imported])

@@ -45,8 +45,14 @@ TF32_PRECISIONS = (lax.Precision.DEFAULT, lax.Precision.HIGH)
 
 # (m, n, k): K from one slab to deep; in each pair one shape whose rows are all
 # multiples of 16 bytes (the Hopper kernel's copy engine reads them) and one odd.
-SHAPES = [(136, 264, 64), (257, 129, 64), (200, 136, 1000), (131, 299, 1000),
-          (256, 128, 4096), (129, 257, 4096)]
+SHAPES = [
+    (136, 264, 64),
+    (257, 129, 64),
+    (200, 136, 1000),
+    (131, 299, 1000),
+    (256, 128, 4096),
+    (129, 257, 4096),
+]
 
 TF32_NORM_ERROR = 3e-3  # DEFAULT: the TF32 class, ~1e-3
 
@@ -58,6 +64,7 @@ def fp32_norm_error(k: int) -> float:
 
 
 # ---- Error class by precision ----
+
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_error_class_by_precision_every_layout(platform, rng, shape):
@@ -86,8 +93,10 @@ def test_error_class_by_precision_every_layout(platform, rng, shape):
                 else:
                     fits = error <= 2 * fp32 and error <= fp32_norm_error(k)
                 if not fits:
-                    off.append(f"{kernel} {precision.name} transpose_a={ta} transpose_b={tb}: "
-                               f"error {error:.2e}, {error / fp32:.1f}x fp32's {fp32:.2e}")
+                    off.append(
+                        f"{kernel} {precision.name} transpose_a={ta} transpose_b={tb}: "
+                        f"error {error:.2e}, {error / fp32:.1f}x fp32's {fp32:.2e}"
+                    )
     assert not off, "\n".join(off)
 
 
@@ -100,7 +109,9 @@ def test_highest_through_auto_runs_true_fp32_on_a_simt_kernel(rng, on_gpu):
         assert found.kernel in SIMT_KERNELS, found
         out = jax_tiled.matmul(a, b, precision="highest")
         assert_matmul_close(out, a, b, platform="cuda", precision="highest")
-        fp32 = relative_norm_error(jax_tiled.matmul(a, b, precision="highest", kernel="warptile"), a, b)
+        fp32 = relative_norm_error(
+            jax_tiled.matmul(a, b, precision="highest", kernel="warptile"), a, b
+        )
         assert relative_norm_error(out, a, b) <= max(2 * fp32, fp32_norm_error(k) / 4), (m, n, k)
 
 
@@ -113,6 +124,7 @@ def test_explain_names_a_tensor_core_kernel_for_default_and_high(on_gpu):
 
 
 # ---- How a product's precision is chosen ----
+
 
 def _precision_of(fn, *args):
     (eqn,) = helpers.equations(jax.make_jaxpr(fn)(*args), "tiled_matmul")
@@ -135,8 +147,9 @@ def test_precision_arguments_reach_the_primitive(rng):
     assert _precision_of(explicit, a, b) == lax.Precision.HIGHEST
 
 
-@pytest.mark.parametrize("setting,explicit", [("bfloat16", "default"), ("tensorfloat32", "high"),
-                                              ("float32", "highest")])
+@pytest.mark.parametrize(
+    "setting,explicit", [("bfloat16", "default"), ("tensorfloat32", "high"), ("float32", "highest")]
+)
 def test_default_matmul_precision_is_honoured(platform, rng, setting, explicit):
     """precision=None under the setting gives the explicit precision's result,
     bit for bit, through the same kernel."""
@@ -147,7 +160,8 @@ def test_default_matmul_precision_is_honoured(platform, rng, setting, explicit):
         want = np.asarray(jax_tiled.matmul(a, b, precision=explicit, kernel=kernel))
         with jax.default_matmul_precision(setting):
             assert kernels_on(platform, problem=problem) == kernels_on(
-                platform, problem=problem, precision=explicit)
+                platform, problem=problem, precision=explicit
+            )
             got = np.asarray(jax_tiled.matmul(a, b, kernel=kernel))
             jitted = np.asarray(jax.jit(lambda a, b: jax_tiled.matmul(a, b, kernel=kernel))(a, b))
         np.testing.assert_array_equal(got, want)
@@ -168,14 +182,17 @@ def test_forcing_a_tensor_core_kernel_under_float32_setting_raises(rng, on_gpu):
             with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*HIGHEST"):
                 jax_tiled.matmul(a, a, kernel=kernel)
         with jax.default_matmul_precision("tensorfloat32"):
-            assert_matmul_close(jax_tiled.matmul(a, a, kernel=kernel), a, a, platform="cuda",
-                                precision="high")
+            assert_matmul_close(
+                jax_tiled.matmul(a, a, kernel=kernel), a, a, platform="cuda", precision="high"
+            )
 
 
 # ---- Every output dtype ----
 
-@pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16, np.float32],
-                         ids=lambda d: np.dtype(d).name)
+
+@pytest.mark.parametrize(
+    "out_dtype", [jnp.bfloat16, jnp.float16, np.float32], ids=lambda d: np.dtype(d).name
+)
 def test_float32_into_every_output_dtype(platform, rng, out_dtype):
     m, n, k = 136, 200, 520
     for ta, tb in LAYOUTS:
@@ -183,13 +200,16 @@ def test_float32_into_every_output_dtype(platform, rng, out_dtype):
         problem = (1, 1, m, n, k, ta, tb)
         for precision in TF32_PRECISIONS:
             for kernel in kernels_on(platform, F32, out_dtype, problem, precision):
-                out = bind_product(a, b, ta, tb, precision=precision, kernel=kernel,
-                                   out_dtype=out_dtype)
-                assert_matmul_close(out, a_op, b_op, platform=platform, precision=precision,
-                                    out_dtype=out_dtype)
+                out = bind_product(
+                    a, b, ta, tb, precision=precision, kernel=kernel, out_dtype=out_dtype
+                )
+                assert_matmul_close(
+                    out, a_op, b_op, platform=platform, precision=precision, out_dtype=out_dtype
+                )
 
 
 # ---- Transformations keep the precision ----
+
 
 def tiled_products(closed_jaxpr) -> list:
     """Every tiled_matmul equation, in nested jaxprs too."""
@@ -214,7 +234,8 @@ def assert_products_at(closed_jaxpr, precision, count):
     products = tiled_products(closed_jaxpr)
     assert len(products) == count, closed_jaxpr
     assert all(e.params["precision"] == precision for e in products), [
-        e.params["precision"] for e in products]
+        e.params["precision"] for e in products
+    ]
 
 
 def weighted_sum(mm, w):
@@ -229,17 +250,28 @@ def test_transforms_keep_the_precision(precision):
     mm = lambda a, b: jax_tiled.matmul(a, b, precision=precision)
     assert_products_at(jax.make_jaxpr(jax.grad(weighted_sum(mm, w), (0, 1)))(a, b), precision, 3)
     assert_products_at(jax.make_jaxpr(jax.grad(weighted_sum(mm, w)))(a, b), precision, 2)
-    assert_products_at(jax.make_jaxpr(lambda a, b: jax.jvp(mm, (a, b), (a, b)))(a, b),
-                       precision, 3)
+    assert_products_at(jax.make_jaxpr(lambda a, b: jax.jvp(mm, (a, b), (a, b)))(a, b), precision, 3)
     assert_products_at(jax.make_jaxpr(jax.vmap(mm, in_axes=(0, None)))(a, b), precision, 1)
-    assert_products_at(jax.make_jaxpr(jax.jit(jax.vmap(jax.grad(weighted_sum(mm, w[0]), 1),
-                                                       in_axes=(0, None))))(a, b), precision, 2)
+    assert_products_at(
+        jax.make_jaxpr(jax.jit(jax.vmap(jax.grad(weighted_sum(mm, w[0]), 1), in_axes=(0, None))))(
+            a, b
+        ),
+        precision,
+        2,
+    )
 
 
-@pytest.mark.parametrize("setting,precision", [
-    ("bfloat16", lax.Precision.DEFAULT), ("tensorfloat32", lax.Precision.HIGH),
-    ("float32", lax.Precision.HIGHEST), ("default", lax.Precision.DEFAULT),
-    ("high", lax.Precision.HIGH), ("highest", lax.Precision.HIGHEST)])
+@pytest.mark.parametrize(
+    "setting,precision",
+    [
+        ("bfloat16", lax.Precision.DEFAULT),
+        ("tensorfloat32", lax.Precision.HIGH),
+        ("float32", lax.Precision.HIGHEST),
+        ("default", lax.Precision.DEFAULT),
+        ("high", lax.Precision.HIGH),
+        ("highest", lax.Precision.HIGHEST),
+    ],
+)
 def test_default_matmul_precision_reaches_every_product(setting, precision):
     a, b, w = jnp.ones((3, 5, 6)), jnp.ones((3, 6, 4)), jnp.ones((3, 5, 4))
     with jax.default_matmul_precision(setting):
@@ -261,9 +293,11 @@ def grad_kernels(platform, a, b, precision) -> list[str]:
     forward = matmul_problem(a, b)
     m, n, k = forward[2:5]
     vjp = [(1, 1, m, k, n, False, True), (1, 1, k, n, m, True, False)]
-    return [kernel for kernel in tensor_kernels_on(platform, forward, precision)
-            if not any(_ffi.refusal(platform, kernel, F32, F32, problem, precision)
-                       for problem in vjp)]
+    return [
+        kernel
+        for kernel in tensor_kernels_on(platform, forward, precision)
+        if not any(_ffi.refusal(platform, kernel, F32, F32, problem, precision) for problem in vjp)
+    ]
 
 
 def stacked(x, y):
@@ -298,8 +332,11 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
         close(gb, *(stacked(mT(full(a)), w) if b.ndim == 2 else (mT(a), w)))
         primal, tangent = jax.jvp(mm, (a, b), (da, db))
         close(primal, a, b)
-        close(tangent, np.concatenate([full(da), full(a)], axis=-1),
-              np.concatenate([full(b), full(db)], axis=-2))
+        close(
+            tangent,
+            np.concatenate([full(da), full(a)], axis=-1),
+            np.concatenate([full(b), full(db)], axis=-2),
+        )
         axes = (0, None) if a.ndim == 3 else (None, 0)
         close(jax.vmap(mm, in_axes=axes)(a, b), full(a), full(b))
 
@@ -315,16 +352,23 @@ def test_wgmma_refuses_float32_with_both_operands_mn_major(rng, on_gpu):
     for precision in TF32_PRECISIONS:
         with pytest.raises(ValueError, match="(?s)wgmma.*K-major.*transpose_a=True"):
             bind_product(a, b, True, False, precision=precision, kernel="wgmma")
-        kernel, reason, _ = _ffi.cuda_explain("float32", "float32",
-                                              (1, 1, m, n, k, True, False), 132, precision)
+        kernel, reason, _ = _ffi.cuda_explain(
+            "float32", "float32", (1, 1, m, n, k, True, False), 132, precision
+        )
         assert kernel == "mma", reason
-        assert_matmul_close(bind_product(a, b, True, False, precision=precision), a_op, b_op,
-                            platform="cuda", precision=precision)
+        assert_matmul_close(
+            bind_product(a, b, True, False, precision=precision),
+            a_op,
+            b_op,
+            platform="cuda",
+            precision=precision,
+        )
         x = random_array(rng, (m, k), F32)
         w = random_array(rng, (m, n), F32)
         y = b_op[0]
         mm = lambda x, y: jax_tiled.matmul(x, y, precision=precision, kernel="wgmma")
-        assert_matmul_close(jax.grad(weighted_sum(mm, w))(x, y), w, y.T, platform="cuda",
-                            precision=precision)
+        assert_matmul_close(
+            jax.grad(weighted_sum(mm, w))(x, y), w, y.T, platform="cuda", precision=precision
+        )
         with pytest.raises(ValueError, match="wgmma"):
             jax.grad(weighted_sum(mm, w), 1)(x, y)

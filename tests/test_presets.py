@@ -75,19 +75,23 @@ def assert_runs_as(platform, out, a, b, preset, out_dtype):
     a64, b64 = cast(a), cast(b)
     ref, mag = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
     k = a.shape[-1]
-    acc = helpers.accumulation_rounding(platform, run.operand_dtype, run.product_dtype,
-                                        run.precision)
+    acc = helpers.accumulation_rounding(
+        platform, run.operand_dtype, run.product_dtype, run.precision
+    )
     inputs = helpers.input_rounding(platform, run.operand_dtype, run.precision)
     rounding = EPS[run.product_dtype] + EPS[np.dtype(out_dtype)]
     tol = ((k + 2) * acc + 2 * inputs) * mag + rounding * np.abs(ref) + 1e-30
     out = np.asarray(out, np.float64)
     assert np.all(np.isfinite(out))
     bad = np.abs(out - ref) > tol
-    assert not bad.any(), (f"{preset.name} on {platform}, {a.dtype} -> {out_dtype}: {bad.sum()} "
-                           f"of {bad.size} off the run {run}")
+    assert not bad.any(), (
+        f"{preset.name} on {platform}, {a.dtype} -> {out_dtype}: {bad.sum()} "
+        f"of {bad.size} off the run {run}"
+    )
 
 
 # ---- The table against jnp.matmul on the same backend ----
+
 
 def test_cpu_table_is_what_jnp_takes_on_cpu(rng):
     """Every preset, with jnp.matmul on the CPU (this jax): the table takes
@@ -113,7 +117,8 @@ def test_what_runs_on_cuda():
     jax's, float32 BF16_BF16_F32 operands are rounded to bfloat16 as XLA's GPU
     algorithm rounds them, and each float32 mode is at least the preset's accuracy."""
     resolve = lambda preset, dtype=F32, out=None: _presets.resolve(
-        "cuda", preset, dtype, dtype if out is None else out)
+        "cuda", preset, dtype, dtype if out is None else out
+    )
     Run, D, H, X = _presets.Run, lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST
     assert resolve(Preset.DEFAULT) == Run(F32, F32, D)
     assert resolve(Preset.TF32_TF32_F32) == Run(F32, F32, D)
@@ -139,8 +144,12 @@ def test_what_runs_on_cpu():
     """jax's casts, and exact fp32 for every float32 product: XLA's CPU runtime
     keeps float32 operands whole under BF16_BF16_F32 and its X3/X6."""
     resolve = lambda preset, dtype=F32: _presets.resolve("cpu", preset, dtype, dtype)
-    for preset in (Preset.BF16_BF16_F32, Preset.BF16_BF16_F32_X3, Preset.BF16_BF16_F32_X6,
-                   Preset.F32_F32_F32):
+    for preset in (
+        Preset.BF16_BF16_F32,
+        Preset.BF16_BF16_F32_X3,
+        Preset.BF16_BF16_F32_X6,
+        Preset.F32_F32_F32,
+    ):
         run = resolve(preset)
         assert (run.operand_dtype, run.product_dtype) == (F32, F32), preset
     assert resolve(Preset.F16_F16_F16) == _presets.Run(F16, F16, lax.Precision.DEFAULT)
@@ -162,6 +171,7 @@ ACCURACY_FACTOR = {("cuda", Preset.BF16_BF16_F32_X6): 4, ("cuda", Preset.F32_F32
 
 def within_accuracy(platform, preset, error, jnp_error) -> bool:
     return error <= ACCURACY_FACTOR.get((platform, preset), 2) * jnp_error + EPS[F32]
+
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=lambda d: d.name)
@@ -204,7 +214,9 @@ def test_f64_preset_computes_in_float64_for_float32_operands(platform, rng):
     ref = exact(a, b)
     out = jax_tiled.matmul(a, b, precision="F64_F64_F64")
     assert_float64_rounded_once(out, a, b)
-    assert norm_error(jax_tiled.matmul(a, b, precision="F32_F32_F32"), ref) > 2 * norm_error(out, ref)
+    assert norm_error(jax_tiled.matmul(a, b, precision="F32_F32_F32"), ref) > 2 * norm_error(
+        out, ref
+    )
 
 
 def test_float64_operands(platform, rng):
@@ -215,8 +227,9 @@ def test_float64_operands(platform, rng):
             want = jnp.matmul(a, b, precision=preset)
             assert out.dtype == want.dtype == np.float64, preset
             assert_runs_as(platform, out, a, b, preset, np.float64)
-            assert within_accuracy(platform, preset, norm_error(out, exact(a, b)),
-                                   norm_error(want, exact(a, b))), preset
+            assert within_accuracy(
+                platform, preset, norm_error(out, exact(a, b)), norm_error(want, exact(a, b))
+            ), preset
 
 
 @pytest.mark.gpu
@@ -230,6 +243,7 @@ def test_bf16_preset_rounds_float32_operands_on_a_gpu(rng, on_gpu):
 
 
 # ---- Gradients carry the preset, as jnp.matmul's do ----
+
 
 def preset_of_products(jaxpr, name="tiled_matmul") -> list:
     return [e.params["precision"] for e in equations(jaxpr, name)]
@@ -245,8 +259,9 @@ def test_gradients_carry_the_preset(preset):
         assert preset_of_products(jaxpr, name) == [preset] * 3, (name, jaxpr)
 
 
-@pytest.mark.parametrize("preset_name", ["F32_F32_F32", "BF16_BF16_F32", "F64_F64_F64",
-                                         "BF16_BF16_F32_X6"])
+@pytest.mark.parametrize(
+    "preset_name", ["F32_F32_F32", "BF16_BF16_F32", "F64_F64_F64", "BF16_BF16_F32_X6"]
+)
 def test_gradient_values_match_jnp(platform, rng, preset_name):
     """Both cotangents, float32 and bfloat16 operands: within 2x jnp's error
     against the float64 products w @ b^T and a^T @ w, plus float32 output rounding."""
@@ -267,15 +282,19 @@ def test_gradient_values_match_jnp(platform, rng, preset_name):
 
 # ---- Every entry point, under every transformation ----
 
+
 @pytest.mark.parametrize("preset", EVERYWHERE, ids=str)
 def test_jit_vmap_jvp_keep_the_preset(preset):
     a, b = jnp.ones((3, 5, 6)), jnp.ones((6, 4))
     mm = lambda a, b: jax_tiled.matmul(a, b, precision=preset)
-    for jaxpr in (jax.make_jaxpr(jax.jit(mm))(a, b),
-                  jax.make_jaxpr(jax.vmap(mm, in_axes=(0, None)))(a, b),
-                  jax.make_jaxpr(lambda a, b: jax.jvp(mm, (a, b), (a, b)))(a, b),
-                  jax.make_jaxpr(jax.jit(jax.vmap(jax.grad(lambda a, b: jnp.sum(mm(a, b)), 1),
-                                                  in_axes=(0, None))))(a, b)):
+    for jaxpr in (
+        jax.make_jaxpr(jax.jit(mm))(a, b),
+        jax.make_jaxpr(jax.vmap(mm, in_axes=(0, None)))(a, b),
+        jax.make_jaxpr(lambda a, b: jax.jvp(mm, (a, b), (a, b)))(a, b),
+        jax.make_jaxpr(
+            jax.jit(jax.vmap(jax.grad(lambda a, b: jnp.sum(mm(a, b)), 1), in_axes=(0, None)))
+        )(a, b),
+    ):
         products = preset_of_products(jaxpr)
         assert products and all(p == preset for p in products), jaxpr
 
@@ -302,15 +321,17 @@ def test_dot_general_einsum_and_tiled_take_presets(platform, rng):
         outs = {
             "dot_general": jax_tiled.dot_general(a, b, dims, precision=preset),
             "einsum": jax_tiled.einsum("bkm,bkn->bmn", a, b, precision=preset),
-            "tiled": jax.jit(jax_tiled.tiled(
-                lambda a, b: jnp.matmul(jnp.swapaxes(a, 1, 2), b, precision=preset)))(a, b),
+            "tiled": jax.jit(
+                jax_tiled.tiled(lambda a, b: jnp.matmul(jnp.swapaxes(a, 1, 2), b, precision=preset))
+            )(a, b),
         }
         want = lax.dot_general(a, b, dims, precision=preset)
         for name, out in outs.items():
             assert out.dtype == want.dtype and out.shape == want.shape, (name, preset)
             assert_runs_as(platform, out, a_op, b, preset, F32)
-        routed = jax.make_jaxpr(jax_tiled.tiled(
-            lambda a, b: jnp.einsum("bkm,bkn->bmn", a, b, precision=preset)))(a, b)
+        routed = jax.make_jaxpr(
+            jax_tiled.tiled(lambda a, b: jnp.einsum("bkm,bkn->bmn", a, b, precision=preset))
+        )(a, b)
         assert preset_of_products(routed) == [preset]
         assert not list(equations(routed, "dot_general"))
 
@@ -328,15 +349,18 @@ def test_tiled_grad_of_a_preset_product(rng):
 
 # ---- explain and kernels ----
 
+
 def test_explain_says_what_runs(rng):
     a, b = jax.ShapeDtypeStruct((67, 131), F16), jax.ShapeDtypeStruct((131, 45), F16)
     found = jax_tiled.explain(a, b, precision="BF16_BF16_F32", backend="cpu")
     assert (found.precision, found.kernel) == ("BF16_BF16_F32", "blocked")
-    assert found.runs_as == ("operands cast to bfloat16, bfloat16 product into float32, cast "
-                             "to float16"), found
+    assert found.runs_as == (
+        "operands cast to bfloat16, bfloat16 product into float32, cast to float16"
+    ), found
     assert str(found).startswith(
         "cpu: 1 x (67 x 131) @ (131 x 45), float16 -> float16, precision BF16_BF16_F32 (runs as "
-        "operands cast to bfloat16, bfloat16 product into float32, cast to float16): blocked")
+        "operands cast to bfloat16, bfloat16 product into float32, cast to float16): blocked"
+    )
     f32 = jax.ShapeDtypeStruct((67, 131), F32), jax.ShapeDtypeStruct((131, 45), F32)
     found = jax_tiled.explain(*f32, precision=Preset.F32_F32_F32, backend="cpu")
     assert found.runs_as == "float32 product into float32 at HIGHEST", found
@@ -357,9 +381,11 @@ def test_explain_and_kernels_on_a_gpu(on_gpu):
     assert found.runs_as.startswith("operands cast to bfloat16"), found
     assert found.kernel in helpers.TENSOR_CORE_KERNELS, found
     assert set(jax_tiled.kernels("gpu", F32, precision="F32_F32_F32")).isdisjoint(
-        helpers.TENSOR_CORE_KERNELS)
+        helpers.TENSOR_CORE_KERNELS
+    )
     assert set(helpers.tensor_cores_of_this_gpu()) <= set(
-        jax_tiled.kernels("gpu", F32, precision="BF16_BF16_F32_X6"))
+        jax_tiled.kernels("gpu", F32, precision="BF16_BF16_F32_X6")
+    )
 
 
 def test_kernels_take_presets():
@@ -376,8 +402,10 @@ REFUSED_ON_CPU = [p for p in Preset if p not in _presets.PRESETS["cpu"]]
 
 
 def refusal_pattern(preset, platform) -> str:
-    return (f"precision {preset.name} is not supported on {platform}.*presets accepted on "
-            f"{platform}: {', '.join(names(_presets.PRESETS[platform]))}")
+    return (
+        f"precision {preset.name} is not supported on {platform}.*presets accepted on "
+        f"{platform}: {', '.join(names(_presets.PRESETS[platform]))}"
+    )
 
 
 @pytest.mark.parametrize("preset", REFUSED_ON_CPU, ids=str)
@@ -389,8 +417,9 @@ def test_presets_cpu_refuses_raise_at_trace_time(preset):
     with jax.default_device(jax.devices("cpu")[0]):
         entries = {
             "matmul": lambda a, b: jax_tiled.matmul(a, b, precision=preset),
-            "dot_general": lambda a, b: jax_tiled.dot_general(a, b, (((1,), (0,)), ((), ())),
-                                                              precision=preset),
+            "dot_general": lambda a, b: jax_tiled.dot_general(
+                a, b, (((1,), (0,)), ((), ())), precision=preset
+            ),
             "einsum": lambda a, b: jax_tiled.einsum("ik,kj->ij", a, b, precision=preset),
             "tiled": jax_tiled.tiled(lambda a, b: jnp.matmul(a, b, precision=preset)),
         }
@@ -403,8 +432,9 @@ def test_presets_cpu_refuses_raise_at_trace_time(preset):
             jax_tiled.kernels("cpu", F32, precision=preset)
 
 
-@pytest.mark.parametrize("preset", [p for p in Preset if p not in _presets.PRESETS["cuda"]],
-                         ids=str)
+@pytest.mark.parametrize(
+    "preset", [p for p in Preset if p not in _presets.PRESETS["cuda"]], ids=str
+)
 def test_presets_cuda_refuses_are_refused_for_cuda(preset):
     """explain for CUDA (no GPU needed) refuses what XLA's GPU refuses."""
     a, b = jax.ShapeDtypeStruct((64, 64), F32), jax.ShapeDtypeStruct((64, 64), F32)
@@ -417,16 +447,28 @@ def test_the_lowering_refuses_for_the_platform_it_lowers_for():
     refused when lowered for the CPU."""
     a = jnp.ones((1, 4, 4))
     f = lambda a: jax_tiled.tiled_matmul_p.bind(
-        a, a, transpose_a=False, transpose_b=False, out_dtype=F32,
-        precision=Preset.TF32_TF32_F32, kernel="auto")
+        a,
+        a,
+        transpose_a=False,
+        transpose_b=False,
+        out_dtype=F32,
+        precision=Preset.TF32_TF32_F32,
+        kernel="auto",
+    )
     with pytest.raises(ValueError, match=refusal_pattern(Preset.TF32_TF32_F32, "cpu")):
         jax.jit(f).trace(a).lower(lowering_platforms=("cpu",))
 
 
-@pytest.mark.parametrize("bad", [
-    lax.DotAlgorithm(np.float32, np.float32, np.float32),
-    ("F32_F32_F32", "default"), (Preset.F32_F32_F32, Preset.F32_F32_F32), "f32_f32_f32"],
-    ids=str)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lax.DotAlgorithm(np.float32, np.float32, np.float32),
+        ("F32_F32_F32", "default"),
+        (Preset.F32_F32_F32, Preset.F32_F32_F32),
+        "f32_f32_f32",
+    ],
+    ids=str,
+)
 def test_other_algorithm_forms_are_refused(bad):
     a = jnp.ones((4, 4))
     with pytest.raises(ValueError, match="unsupported precision"):

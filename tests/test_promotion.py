@@ -13,8 +13,12 @@ import jax_tiled
 from helpers import CPU_KERNELS, random_array, x64
 
 PAIRS = [
-    (np.int32, np.float32), (np.float32, np.int32), (np.int8, jnp.bfloat16),
-    (np.uint8, jnp.float16), (np.bool_, np.float32), (jnp.bfloat16, np.int16),
+    (np.int32, np.float32),
+    (np.float32, np.int32),
+    (np.int8, jnp.bfloat16),
+    (np.uint8, jnp.float16),
+    (np.bool_, np.float32),
+    (jnp.bfloat16, np.int16),
     (np.int32, jnp.float16),
 ]
 
@@ -29,8 +33,9 @@ def small_integers(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("a_dtype,b_dtype", PAIRS, ids=str)
-@pytest.mark.parametrize("a_shape,b_shape", [((5, 7), (7, 3)), ((2, 5, 7), (7,)), ((7,), (7, 3))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "a_shape,b_shape", [((5, 7), (7, 3)), ((2, 5, 7), (7,)), ((7,), (7, 3))], ids=str
+)
 def test_matmul_promotes_as_jnp(platform, rng, a_dtype, b_dtype, a_shape, b_shape):
     a = small_integers(rng, a_shape, a_dtype)
     b = small_integers(rng, b_shape, b_dtype)
@@ -72,8 +77,11 @@ def test_preferred_element_type_with_integer_operand(rng):
     np.testing.assert_allclose(out, want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64,
-                                   jnp.float8_e4m3fn], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype",
+    [jnp.int8, jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64, jnp.float8_e4m3fn],
+    ids=lambda d: np.dtype(d).name,
+)
 def test_kernels_lists_nothing_for_a_dtype_no_kernel_computes(dtype):
     assert jax_tiled.kernels("cpu", dtype) == []
     assert jax_tiled.kernels("cpu", jnp.float32, out_dtype=dtype) == []

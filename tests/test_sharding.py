@@ -41,10 +41,12 @@ def make_mesh(platform, shape, names, axis_type=AxisType.Auto):
     devices = jax.devices(platform)
     if len(devices) < math.prod(shape):
         if platform == "cpu":
-            pytest.fail(f"{len(devices)} CPU devices; conftest sets XLA_FLAGS="
-                        "--xla_force_host_platform_device_count=4 before jax starts")
+            pytest.fail(
+                f"{len(devices)} CPU devices; conftest sets XLA_FLAGS="
+                "--xla_force_host_platform_device_count=4 before jax starts"
+            )
         pytest.skip(f"needs {math.prod(shape)} {platform} devices, found {len(devices)}")
-    grid = np.array(devices[:math.prod(shape)]).reshape(shape)
+    grid = np.array(devices[: math.prod(shape)]).reshape(shape)
     return Mesh(grid, names, axis_types=(axis_type,) * len(names))
 
 
@@ -54,7 +56,8 @@ def put(rng, mesh, shape, spec, dtype=np.float32):
 
 
 _COLLECTIVE = re.compile(
-    r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+    r"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
 
 
 def collectives(jitted, *args) -> set[str]:
@@ -79,12 +82,28 @@ CASES = {
     "K": ((4,), ("x",), (8, 16), P(None, "x"), (16, 12), P("x"), P(), True),
     "K_a_only": ((4,), ("x",), (8, 16), P(None, "x"), (16, 12), P(), P(), True),
     "K_vector": ((4,), ("x",), (16,), P("x"), (16, 12), P("x"), P(), True),
-    "K_two_axes": ((2, 2), ("x", "y"), (8, 16), P(None, ("x", "y")), (16, 12), P(("x", "y")),
-                   P(), True),
+    "K_two_axes": (
+        (2, 2),
+        ("x", "y"),
+        (8, 16),
+        P(None, ("x", "y")),
+        (16, 12),
+        P(("x", "y")),
+        P(),
+        True,
+    ),
     "MxN": ((2, 2), ("x", "y"), (8, 16), P("x"), (16, 12), P(None, "y"), P("x", "y"), False),
     "MxK": ((2, 2), ("x", "y"), (8, 16), P("x", "y"), (16, 12), P("y"), P("x"), True),
-    "batchxK": ((2, 2), ("x", "y"), (4, 8, 16), P("x", None, "y"), (4, 16, 12), P("x", "y"),
-                P("x"), True),
+    "batchxK": (
+        (2, 2),
+        ("x", "y"),
+        (4, 8, 16),
+        P("x", None, "y"),
+        (4, 16, 12),
+        P("x", "y"),
+        P("x"),
+        True,
+    ),
 }
 
 
@@ -160,8 +179,9 @@ def test_overlap_off_runs_one_collective(rng, name):
     assert collectives(jax.jit(tiled), a, b) == {RING}  # outside the block: the cache is not reused
 
 
-@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, False),
-                                                     (False, True), (True, True)])
+@pytest.mark.parametrize(
+    "transpose_a,transpose_b", [(False, False), (True, False), (False, True), (True, True)]
+)
 @pytest.mark.parametrize("factor", ["batch", "broadcast_batch", "m", "n", "k"])
 def test_primitive_transpose_flags_each_factor_split(rng, transpose_a, transpose_b, factor):
     """The sharding rule follows the stored layout for every pair of transpose flags."""
@@ -174,14 +194,17 @@ def test_primitive_transpose_flags_each_factor_split(rng, transpose_a, transpose
         spec = P(*("x" if f == split and n > 1 else None for f, n in zip(factors, shape)))
         return put(rng, mesh, shape, spec)
 
-    a_np, a = operand(("batch", "k", "m") if transpose_a else ("batch", "m", "k"),
-                      1 if factor == "broadcast_batch" else size["batch"])
+    a_np, a = operand(
+        ("batch", "k", "m") if transpose_a else ("batch", "m", "k"),
+        1 if factor == "broadcast_batch" else size["batch"],
+    )
     b_np, b = operand(("batch", "n", "k") if transpose_b else ("batch", "k", "n"), size["batch"])
     prim = jax.jit(lambda a, b: bind_product(a, b, transpose_a, transpose_b, precision=HIGHEST))
     out = prim(a, b)
     stored = lambda x, transposed: np.swapaxes(x, 1, 2) if transposed else x
-    assert_matmul_close(out, stored(a_np, transpose_a), stored(b_np, transpose_b),
-                        precision="highest")
+    assert_matmul_close(
+        out, stored(a_np, transpose_a), stored(b_np, transpose_b), precision="highest"
+    )
     used = collectives(prim, a, b)
     if split == "k":
         assert used == {RING}, used
@@ -201,7 +224,8 @@ def test_reduce_scatter_where_the_result_is_wanted_split(rng):
     assert used == {RING}, used
     with jax_tiled.overlap.settings(enabled=False):
         assert collectives(jax.jit(tiled, out_shardings=NamedSharding(mesh, P("x"))), a, b) == {
-            "reduce-scatter"}
+            "reduce-scatter"
+        }
 
 
 def test_uneven_split_of_k(rng):
@@ -219,8 +243,11 @@ def test_uneven_split_of_k(rng):
 
 # ---- Rings: communication that overlaps the products ----
 
+
 def ring_steps(jitted, *args) -> int:
-    return len(re.findall(r"\bcollective-permute(?:-start)?\(", jitted.lower(*args).compile().as_text()))
+    return len(
+        re.findall(r"\bcollective-permute(?:-start)?\(", jitted.lower(*args).compile().as_text())
+    )
 
 
 # The all-gather pattern: a split along M (the sequence), b along N (columns of
@@ -230,8 +257,14 @@ ALL_GATHER = {
     "result_N": ((8, 16), P("x"), (16, 12), P(None, "x"), P(None, "x"), P(None, "x")),
     "result_M": ((8, 16), P("x"), (16, 12), P(None, "x"), P("x"), P("x")),
     "propagated": ((8, 16), P("x"), (16, 12), P(None, "x"), None, None),
-    "batched": ((3, 8, 16), P(None, "x"), (3, 16, 12), P(None, None, "x"), P(None, None, "x"),
-                P(None, None, "x")),
+    "batched": (
+        (3, 8, 16),
+        P(None, "x"),
+        (3, 16, 12),
+        P(None, None, "x"),
+        P(None, None, "x"),
+        P(None, None, "x"),
+    ),
 }
 
 
@@ -252,7 +285,9 @@ def test_all_gather_pattern_runs_a_ring(partitioner, rng, name):
     grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
     assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
     with jax_tiled.overlap.settings(enabled=False):  # the partitioner gathers the operand
-        plain = jax.jit(tiled, out_shardings=None if wanted is None else NamedSharding(mesh, wanted))
+        plain = jax.jit(
+            tiled, out_shardings=None if wanted is None else NamedSharding(mesh, wanted)
+        )
         assert collectives(plain, a, b) == {"all-gather"}
 
 
@@ -268,8 +303,10 @@ def test_rings_on_sizes_that_do_not_divide(rng, m, n, k, chunks):
         b_np, b = put(rng, mesh, (16, 12), b_spec)
         with jax_tiled.overlap.settings(chunks=chunks):
             # jit refuses an output sharding that does not divide the result.
-            for out_spec in (None, *[P(*[None] * d, "x") for d, size in enumerate((m, n))
-                                     if size % 4 == 0]):
+            for out_spec in (
+                None,
+                *[P(*[None] * d, "x") for d, size in enumerate((m, n)) if size % 4 == 0],
+            ):
                 out_sharding = None if out_spec is None else NamedSharding(mesh, out_spec)
                 f = jax.jit(cut(tiled), out_shardings=out_sharding)
                 assert_matmul_close(f(a, b), a_np[:m, :k], b_np[:k, :n], precision="highest")
@@ -309,8 +346,12 @@ def test_k_ring_rounds_a_16_bit_result_once(rng):
         out = f(a, b)
         assert out.dtype == jnp.bfloat16
         assert_matmul_close(out, a_np, b_np)
-        moved = set(re.findall(r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(",
-                               f.lower(a, b).compile().as_text()))
+        moved = set(
+            re.findall(
+                r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(",
+                f.lower(a, b).compile().as_text(),
+            )
+        )
         # Partial sums move in float32 (a replicated result's gather moves the
         # rounded pieces, but XLA:CPU computes bfloat16 collectives in float32).
         assert moved == {"f32"}, moved
@@ -326,11 +367,14 @@ def test_rings_are_deterministic(rng):
         np.testing.assert_array_equal(np.asarray(f(a, b)), first)
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(chunks=0), ValueError, r"chunks must be at least 1, got 0"),
-    (dict(chunks=2.0), TypeError, r"chunks must be an int or None, got 2.0"),
-    (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(chunks=0), ValueError, r"chunks must be at least 1, got 0"),
+        (dict(chunks=2.0), TypeError, r"chunks must be an int or None, got 2.0"),
+        (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
+    ],
+)
 def test_overlap_settings_are_checked(kwargs, error, message):
     with pytest.raises(error, match=message):
         with jax_tiled.overlap.settings(**kwargs):
@@ -366,11 +410,15 @@ def test_on_every_platform_with_two_devices(platform, rng):
     assert_matmul_close(out, a_np, b_np, platform=platform, precision="highest")
     assert not out.sharding.is_fully_replicated
     assert not collectives(jax.jit(tiled), a, b) & BULK_GATHERS
-    assert_trees_close(jax.jit(jax.grad(loss_of(tiled), (0, 1)))(a, b),
-                       jax.grad(loss_of(reference), (0, 1))(a, b), rtol=1e-4)
+    assert_trees_close(
+        jax.jit(jax.grad(loss_of(tiled), (0, 1)))(a, b),
+        jax.grad(loss_of(reference), (0, 1))(a, b),
+        rtol=1e-4,
+    )
 
 
 # ---- shard_map ----
+
 
 @pytest.mark.parametrize("check_vma", [True, False])
 def test_shard_map_gradient_of_replicated_weight(rng, check_vma):
@@ -379,8 +427,9 @@ def test_shard_map_gradient_of_replicated_weight(rng, check_vma):
     x, w = random_array(rng, (16, 12), np.float32), random_array(rng, (12, 5), np.float32)
 
     def loss(mm):
-        f = jax.shard_map(mm, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"),
-                          check_vma=check_vma)
+        f = jax.shard_map(
+            mm, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"), check_vma=check_vma
+        )
         return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
 
     ours = jax.jit(jax.grad(loss(tiled), (0, 1)))(x, w)
@@ -397,12 +446,13 @@ def test_shard_map_over_some_mesh_axes(rng):
     w_np, w = put(rng, mesh, (16, 12), P("y"))
 
     def loss(mm):
-        f = jax.shard_map(mm, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"),
-                          axis_names={"x"})
+        f = jax.shard_map(mm, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"), axis_names={"x"})
         return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
 
-    assert_trees_close(jax.jit(jax.grad(loss(tiled), (0, 1)))(x, w),
-                       jax.grad(loss_of(reference), (0, 1))(x_np, w_np))
+    assert_trees_close(
+        jax.jit(jax.grad(loss(tiled), (0, 1)))(x, w),
+        jax.grad(loss_of(reference), (0, 1))(x_np, w_np),
+    )
 
 
 def test_primitive_rejects_operands_varying_over_different_axes():
@@ -418,8 +468,17 @@ def test_primitive_rejects_operands_varying_over_different_axes():
 
 # The cases, and whether jnp.matmul refuses them (K split on both operands
 # needs its out_sharding, which jax_tiled.matmul does not have: it sums).
-EXPLICIT = {"batch": False, "batch_shared_weight": False, "M": False, "N": False, "MxN": False,
-            "K_a_only": False, "K": True, "MxK": True, "batchxK": True}
+EXPLICIT = {
+    "batch": False,
+    "batch_shared_weight": False,
+    "M": False,
+    "N": False,
+    "MxN": False,
+    "K_a_only": False,
+    "K": True,
+    "MxK": True,
+    "batchxK": True,
+}
 
 
 @pytest.mark.parametrize("name", EXPLICIT)
@@ -439,10 +498,13 @@ def test_explicit_axes(rng, name):
     assert_trees_close(grads, jax.grad(loss_of(reference), (0, 1))(a_np, b_np))
 
 
-@pytest.mark.parametrize("a_spec,b_spec,message", [
-    (P("x"), P(None, "x"), r"split over one mesh axis twice.*jax.sharding.reshard"),
-    (P(None, "x"), P("y"), r"split the k dimension differently.*jax.sharding.reshard"),
-])
+@pytest.mark.parametrize(
+    "a_spec,b_spec,message",
+    [
+        (P("x"), P(None, "x"), r"split over one mesh axis twice.*jax.sharding.reshard"),
+        (P(None, "x"), P("y"), r"split the k dimension differently.*jax.sharding.reshard"),
+    ],
+)
 def test_explicit_axes_conflicts_name_the_fix(rng, a_spec, b_spec, message):
     mesh = make_mesh("cpu", (2, 2), ("x", "y"), AxisType.Explicit)
     _, a = put(rng, mesh, (8, 16), a_spec)

@@ -35,7 +35,12 @@ F32, BF16, F16, F64 = (np.dtype(t) for t in (np.float32, jnp.bfloat16, np.float1
 # takes, 16-bit inputs into themselves and into float32 (where float16's
 # overflow is finite), float64.
 CONFIGS = [(F32, F32, p) for p in (None, "default", "high", "highest")] + [
-    (BF16, BF16, None), (BF16, F32, None), (F16, F16, None), (F16, F32, None), (F64, F64, None)]
+    (BF16, BF16, None),
+    (BF16, F32, None),
+    (F16, F16, None),
+    (F16, F32, None),
+    (F64, F64, None),
+]
 CONFIG_IDS = [f"{i.name}-{o.name}-{p}" for i, o, p in CONFIGS]
 
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
@@ -72,22 +77,30 @@ def special_operands(rng, m, k, n, dtype, fmax=None):
     fmax = float(jnp.finfo(dtype).max) if fmax is None else fmax
     # Distinct contraction indices for the cases, spread over the K slabs.
     k_inf, k_ninf, k_nan, k_bnan, k_big, k_near, k_nearb, k_binf = (
-        7, k - 2, k // 2, 11, k - 5, k // 3, 13, k // 4)
+        7,
+        k - 2,
+        k // 2,
+        11,
+        k - 5,
+        k // 3,
+        13,
+        k // 4,
+    )
     special_k = [k_inf, k_ninf, k_nan, k_bnan, k_big, k_near, k_nearb, k_binf]
     assert len(set(special_k)) == len(special_k)
     r_pinf, r_ninf, r_nan, r_big, r_near, r_tiny, r_sub = 3, m - 2, m // 2, 17, m - 9, 40, 60
     c_nan, c_near, c_binf = 5, n - 3, n // 2
 
-    a[:, k_nearb] = 0.25          # meets b's largest finite value: finite
-    b[k_near, :] = 0.25           # meets a's largest finite value: finite
-    b[k_big, :] = 2.0             # meets big: the product overflows
+    a[:, k_nearb] = 0.25  # meets b's largest finite value: finite
+    b[k_near, :] = 0.25  # meets a's largest finite value: finite
+    b[k_big, :] = 2.0  # meets big: the product overflows
     a[r_pinf, k_inf] = np.inf
     a[r_ninf, k_ninf] = -np.inf
     a[r_nan, k_nan] = np.nan
     b[k_bnan, c_nan] = np.nan
     b[k_binf, c_binf] = np.inf
     a[r_big, k_big] = fmax / 1.5  # times 2: past the largest finite value
-    a[r_big, k_binf] = 1.0        # so its +inf is not also an inf - inf
+    a[r_big, k_binf] = 1.0  # so its +inf is not also an inf - inf
     a[r_near, k_near] = fmax
     b[k_nearb, c_near] = fmax
     plain_k = [i for i in range(k) if i not in special_k]
@@ -125,25 +138,31 @@ def assert_special_values(out, a, b, *, platform, precision, out_dtype, subnorma
     assert not wrong.any(), (
         f"{wrong.sum()} of {wrong.size} elements of the wrong kind (0 finite, 1 NaN, 2 +inf, "
         f"3 -inf); first at {np.argwhere(wrong)[0]}: got {got[wrong][0]}, "
-        f"want {ref_kinds[wrong][0]}")
+        f"want {ref_kinds[wrong][0]}"
+    )
 
     finite = ref_kinds == 0
     a0, b0 = np.where(np.isfinite(a64), a64, 0), np.where(np.isfinite(b64), b64, 0)
     with np.errstate(over="ignore"):
         ref, mag = a0 @ b0, np.abs(a0) @ np.abs(b0)
     in_dtype = a.dtype
-    bound = ((a.shape[1] + 2) * accumulation_rounding(platform, in_dtype, out_dtype, precision)
-             + 2 * input_rounding(platform, in_dtype, precision))
+    bound = (a.shape[1] + 2) * accumulation_rounding(
+        platform, in_dtype, out_dtype, precision
+    ) + 2 * input_rounding(platform, in_dtype, precision)
     # Plus half the output's subnormal spacing, where rounding is absolute.
-    tol = (bound * mag + EPS[np.dtype(out_dtype)] * np.abs(ref)
-           + float(jnp.finfo(out_dtype).smallest_subnormal))
+    tol = (
+        bound * mag
+        + EPS[np.dtype(out_dtype)] * np.abs(ref)
+        + float(jnp.finfo(out_dtype).smallest_subnormal)
+    )
     err = np.abs(np.where(finite, out.astype(np.float64), 0) - np.where(finite, ref, 0))
     ok = err <= tol
     ok[list(subnormal_rows)] |= out[list(subnormal_rows)] == 0
     bad = finite & ~ok
     assert not bad.any(), (
         f"{bad.sum()} finite elements off; worst at {np.argwhere(bad)[0]}: got "
-        f"{out[tuple(np.argwhere(bad)[0])]}, want {ref[tuple(np.argwhere(bad)[0])]}")
+        f"{out[tuple(np.argwhere(bad)[0])]}, want {ref[tuple(np.argwhere(bad)[0])]}"
+    )
 
 
 def stored(x, transposed):
@@ -154,28 +173,47 @@ def stored(x, transposed):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: f"tA{int(t[0])}tB{int(t[1])}")
 @pytest.mark.parametrize("in_dtype,out_dtype,precision", CONFIGS, ids=CONFIG_IDS)
-def test_every_kernel_gives_true_arithmetics_special_values(platform, rng, in_dtype, out_dtype,
-                                                             precision, layout, shape):
+def test_every_kernel_gives_true_arithmetics_special_values(
+    platform, rng, in_dtype, out_dtype, precision, layout, shape
+):
     m, k, n = shape
     ta, tb = layout
     with x64() if F64 in (in_dtype, out_dtype) else contextlib.nullcontext():
-        a, b, sub_rows = special_operands(rng, m, k, n, in_dtype,
-                                          largest_operand(platform, in_dtype, precision))
+        a, b, sub_rows = special_operands(
+            rng, m, k, n, in_dtype, largest_operand(platform, in_dtype, precision)
+        )
         problem = (1, 1, m, n, k, ta, tb)
-        for kernel in kernels_on(platform, in_dtype, out_dtype, problem=problem,
-                                 precision=precision):
+        for kernel in kernels_on(
+            platform, in_dtype, out_dtype, problem=problem, precision=precision
+        ):
             if layout == (False, False):
-                out = jax.jit(lambda a, b: jax_tiled.matmul(
-                    a, b, precision=precision, preferred_element_type=out_dtype,
-                    kernel=kernel))(a, b)
+                out = jax.jit(
+                    lambda a, b: jax_tiled.matmul(
+                        a, b, precision=precision, preferred_element_type=out_dtype, kernel=kernel
+                    )
+                )(a, b)
             else:
-                out = jax.jit(lambda a, b: tiled_matmul(
-                    a, b, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype,
-                    precision=canonical_precision(precision), kernel=kernel)[0])(
-                        stored(a, ta), stored(b, tb))
+                out = jax.jit(
+                    lambda a, b: tiled_matmul(
+                        a,
+                        b,
+                        transpose_a=ta,
+                        transpose_b=tb,
+                        out_dtype=out_dtype,
+                        precision=canonical_precision(precision),
+                        kernel=kernel,
+                    )[0]
+                )(stored(a, ta), stored(b, tb))
             try:
-                assert_special_values(out, a, b, platform=platform, precision=precision,
-                                      out_dtype=out_dtype, subnormal_rows=sub_rows)
+                assert_special_values(
+                    out,
+                    a,
+                    b,
+                    platform=platform,
+                    precision=precision,
+                    out_dtype=out_dtype,
+                    subnormal_rows=sub_rows,
+                )
             except AssertionError as error:
                 raise AssertionError(f"kernel {kernel!r}: {error}") from None
 
@@ -185,10 +223,12 @@ def test_zero_size_k_gives_zeros(platform, in_dtype, out_dtype, precision):
     with x64() if F64 in (in_dtype, out_dtype) else contextlib.nullcontext():
         a, b = np.ones((37, 0), in_dtype), np.ones((0, 45), in_dtype)
         problem = (1, 1, 37, 45, 0, False, False)
-        for kernel in kernels_on(platform, in_dtype, out_dtype, problem=problem,
-                                 precision=precision):
-            out = jax_tiled.matmul(a, b, precision=precision, preferred_element_type=out_dtype,
-                                   kernel=kernel)
+        for kernel in kernels_on(
+            platform, in_dtype, out_dtype, problem=problem, precision=precision
+        ):
+            out = jax_tiled.matmul(
+                a, b, precision=precision, preferred_element_type=out_dtype, kernel=kernel
+            )
             np.testing.assert_array_equal(np.asarray(out), np.zeros((37, 45), out_dtype))
 
 
@@ -228,8 +268,9 @@ def test_default_rounds_the_top_of_float32_to_inf_on_wgmma(rng, on_gpu):
     a[5, 7] = fmax
     b[7, :] = 0.25
     assert a[5, 7] > TF32_MAX
-    for kernel in kernels_on("cuda", F32, F32, problem=(1, 1, m, n, k, False, False),
-                             precision="default"):
+    for kernel in kernels_on(
+        "cuda", F32, F32, problem=(1, 1, m, n, k, False, False), precision="default"
+    ):
         out = np.asarray(jax_tiled.matmul(a, b, precision="default", kernel=kernel))
         if kernel in ("wgmma", "auto"):  # C^T = B^T A^T: a is read from shared memory
             assert np.isposinf(out[5]).all() and np.isfinite(np.delete(out, 5, 0)).all()

@@ -37,12 +37,18 @@ NORM_ERROR = {np.dtype(jnp.bfloat16): 1e-2, np.dtype(jnp.float16): 2e-3}
 
 # (m, n, k): one element short of, at, and past the tile edges; K past one
 # 64-deep slab; a single partial tile; a batch of tiles per SM.
-ALIGNED_SHAPES = [(8, 8, 8), (136, 264, 72), (128, 256, 64), (120, 248, 56), (200, 24, 520),
-                  (1000, 800, 1208)]
+ALIGNED_SHAPES = [
+    (8, 8, 8),
+    (136, 264, 72),
+    (128, 256, 64),
+    (120, 248, 56),
+    (200, 24, 520),
+    (1000, 800, 1208),
+]
 
 
 def kernels(dtype, out_dtype=None) -> list[str]:
-    """"auto" and the tensor-core kernels listed for dtype -> out_dtype: every
+    """ "auto" and the tensor-core kernels listed for dtype -> out_dtype: every
     one that the kernel table admits on this GPU's compute capability."""
     names = [k for k in jax_tiled.kernels("gpu", dtype, out_dtype) if k in TENSOR_CORE_KERNELS]
     assert names == list(tensor_cores_of_this_gpu()), names
@@ -92,16 +98,20 @@ def test_jit_grad_vmap_through_every_kernel(rng):
     def loss(mm):
         return lambda a, b: jnp.sum(mm(a, b).astype(jnp.float32) ** 2)
 
-    reference = lambda a, b: jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32),
-                                        precision="highest")
+    reference = lambda a, b: jnp.matmul(
+        a.astype(jnp.float32), b.astype(jnp.float32), precision="highest"
+    )
     want = jax.grad(loss(reference), (0, 1))(a, b)
     for kernel in kernels(jnp.bfloat16):
-        mm = lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32,
-                                           kernel=kernel)
+        mm = lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32, kernel=kernel)
         got = jax.jit(jax.grad(loss(mm), (0, 1)))(a, b)
         for g, w in zip(got, want):
-            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w), rtol=2e-2,
-                                       atol=2e-2 * float(jnp.abs(w).max()))
+            np.testing.assert_allclose(
+                np.asarray(g, np.float32),
+                np.asarray(w),
+                rtol=2e-2,
+                atol=2e-2 * float(jnp.abs(w).max()),
+            )
         mapped = jax.vmap(mm, in_axes=(0, None))(a, b)
         assert_matmul_close(mapped, a, b, platform="cuda", out_dtype=np.float32)
 
@@ -122,17 +132,28 @@ def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):
     for kernel in ("auto", "mma"):
         assert_matmul_close(jax_tiled.matmul(a, b, kernel=kernel), a, b, platform="cuda")
     if "wgmma" in jax_tiled.kernels("gpu", jnp.bfloat16):
-        with pytest.raises(ValueError, match="kernel 'wgmma' reads operands with the TMA copy "
-                                             "engine.*a's rows are 17"):
+        with pytest.raises(
+            ValueError,
+            match="kernel 'wgmma' reads operands with the TMA copy engine.*a's rows are 17",
+        ):
             jax_tiled.matmul(a, b, kernel="wgmma")
         with pytest.raises(ValueError, match="kernel 'wgmma'"):
             jax_tiled.explain(a, b, kernel="wgmma")
         # The handler refuses too, for callers that bypass the primitive.
-        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 33, 65), jnp.bfloat16))
+        call = jax.ffi.ffi_call(
+            "tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 33, 65), jnp.bfloat16)
+        )
         with pytest.raises(Exception, match="kernel 'wgmma' reads operands"):
-            jax.block_until_ready(call(jnp.asarray(a)[None], jnp.asarray(b)[None],
-                                       transpose_a=False, transpose_b=False,
-                                       precision=np.int32(0), kernel="wgmma"))
+            jax.block_until_ready(
+                call(
+                    jnp.asarray(a)[None],
+                    jnp.asarray(b)[None],
+                    transpose_a=False,
+                    transpose_b=False,
+                    precision=np.int32(0),
+                    kernel="wgmma",
+                )
+            )
 
 
 def test_tensor_core_kernels_refuse_true_fp32_and_float64_results(rng):
@@ -142,8 +163,10 @@ def test_tensor_core_kernels_refuse_true_fp32_and_float64_results(rng):
     a = random_array(rng, (64, 64), F32)
     assert kernels(np.float32)[1:] == tensor_core_kernels()
     for kernel in tensor_core_kernels():
-        for call in (jax_tiled.matmul, jax.jit(jax_tiled.matmul, static_argnames=("precision",
-                                                                                  "kernel"))):
+        for call in (
+            jax_tiled.matmul,
+            jax.jit(jax_tiled.matmul, static_argnames=("precision", "kernel")),
+        ):
             with pytest.raises(ValueError, match=f"(?s)kernel '{kernel}'.*fp32.*HIGHEST"):
                 call(a, a, precision="highest", kernel=kernel)
         with pytest.raises(ValueError, match="HIGHEST"):
@@ -155,5 +178,9 @@ def test_tensor_core_kernels_refuse_true_fp32_and_float64_results(rng):
                 jax_tiled.matmul(a, a, kernel=kernel, preferred_element_type=jnp.float64)
         # 16-bit inputs: precision changes nothing.
         a16 = a.astype(jnp.bfloat16)
-        assert_matmul_close(jax_tiled.matmul(a16, a16, precision="highest", kernel=kernel), a16,
-                            a16, platform="cuda")
+        assert_matmul_close(
+            jax_tiled.matmul(a16, a16, precision="highest", kernel=kernel),
+            a16,
+            a16,
+            platform="cuda",
+        )

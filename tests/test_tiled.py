@@ -21,8 +21,11 @@ assert_trees_close = functools.partial(helpers.assert_trees_close, rtol=1e-5)
 
 
 def float_dots(jaxpr) -> int:
-    return sum(1 for e in equations(jaxpr, "dot_general")
-               if jnp.issubdtype(e.outvars[0].aval.dtype, jnp.floating))
+    return sum(
+        1
+        for e in equations(jaxpr, "dot_general")
+        if jnp.issubdtype(e.outvars[0].aval.dtype, jnp.floating)
+    )
 
 
 def products(jaxpr) -> int:
@@ -38,22 +41,29 @@ def assert_routed(f, *args):
 
 # ---- A model built from every way of writing a product ----
 
+
 def model(params, x):
-    h = x @ params["w1"]                                              # @
-    h = jax.nn.gelu(jnp.matmul(h, params["w2"]))                      # jnp.matmul
-    q = jnp.einsum("btd,dhk->bthk", h, params["wq"])                  # einsum
+    h = x @ params["w1"]  # @
+    h = jax.nn.gelu(jnp.matmul(h, params["w2"]))  # jnp.matmul
+    q = jnp.einsum("btd,dhk->bthk", h, params["wq"])  # einsum
     k = jnp.einsum("btd,dhk->bthk", h, params["wk"])
     v = jnp.einsum("btd,dhk->bthk", h, params["wv"])
-    a = jax.nn.dot_product_attention(q, k, v, is_causal=True)        # attention
-    a = jnp.dot(a.reshape(*a.shape[:2], -1), params["wo"])           # jnp.dot
+    a = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # attention
+    a = jnp.dot(a.reshape(*a.shape[:2], -1), params["wo"])  # jnp.dot
     a = lax.dot_general(a, params["w1"], (((2,), (1,)), ((), ())))  # x @ w.T
     return jnp.tanh(a)
 
 
 def make_params(rng, d=8, heads=2, k=4):
     r = lambda *s: random_array(rng, s, np.float32) / np.sqrt(s[0])
-    return {"w1": r(d, d), "w2": r(d, d), "wq": r(d, heads, k), "wk": r(d, heads, k),
-            "wv": r(d, heads, k), "wo": r(heads * k, d)}
+    return {
+        "w1": r(d, d),
+        "w2": r(d, d),
+        "wq": r(d, heads, k),
+        "wk": r(d, heads, k),
+        "wv": r(d, heads, k),
+        "wo": r(heads * k, d),
+    }
 
 
 def loss(f):
@@ -80,10 +90,14 @@ def test_model_under_grad_vmap_jit(rng):
         assert_trees_close(jax.grad(loss(routed))(params, x), want)
         assert_trees_close(jit(jax.grad(loss(routed)))(params, x), want)
         xs = np.stack([x, -x])
-        assert_trees_close(jit(jax.vmap(routed, (None, 0)))(params, xs),
-                           jit(jax.vmap(model, (None, 0)))(params, xs))
-        assert_trees_close(jit(jax.vmap(jax.grad(loss(routed)), (None, 0)))(params, xs),
-                           jit(jax.vmap(jax.grad(loss(model)), (None, 0)))(params, xs))
+        assert_trees_close(
+            jit(jax.vmap(routed, (None, 0)))(params, xs),
+            jit(jax.vmap(model, (None, 0)))(params, xs),
+        )
+        assert_trees_close(
+            jit(jax.vmap(jax.grad(loss(routed)), (None, 0)))(params, xs),
+            jit(jax.vmap(jax.grad(loss(model)), (None, 0)))(params, xs),
+        )
         # tiled outside the transformations: the products they emit are routed too.
         assert_trees_close(jit(jax_tiled.tiled(jax.grad(loss(model))))(params, x), want)
     assert_routed(jax.grad(loss(routed)), params, x)
@@ -101,7 +115,9 @@ def test_integer_products_are_left_alone(rng):
     routed = jax_tiled.tiled(f)
     jaxpr = jax.make_jaxpr(routed)(a, b, x)
     assert products(jaxpr) == 1 and float_dots(jaxpr) == 0
-    assert count_equations(jaxpr, "dot_general") == 2  # the integer ones, exact as jnp computes them
+    assert (
+        count_equations(jaxpr, "dot_general") == 2
+    )  # the integer ones, exact as jnp computes them
     with jax.default_matmul_precision("highest"):  # true fp32 on GPUs too
         for u, v in zip(routed(a, b, x), f(a, b, x)):
             assert u.dtype == v.dtype
@@ -122,6 +138,7 @@ def test_dtypes_and_preferred_element_type(rng, dtype):
 
 # ---- Control flow and custom derivatives ----
 
+
 @jax.custom_jvp
 def custom_jvp_product(x, w):
     return x @ w
@@ -135,8 +152,7 @@ def custom_vjp_product(x, w):
     return x @ w
 
 
-custom_vjp_product.defvjp(lambda x, w: (x @ w, (x, w)),
-                          lambda res, g: (g @ res[1].T, res[0].T @ g))
+custom_vjp_product.defvjp(lambda x, w: (x @ w, (x, w)), lambda res, g: (g @ res[1].T, res[0].T @ g))
 
 
 def control_flow(x, w):
@@ -169,8 +185,9 @@ def test_control_flow_and_custom_derivatives(rng):
 def test_while_loop(rng):
     x = random_array(rng, (2, 3), np.float32)
     w = random_array(rng, (3, 3), np.float32) / 2
-    f = lambda x, w: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)),
-                                    (0, x))[1]
+    f = lambda x, w: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)), (0, x)
+    )[1]
     routed = jax_tiled.tiled(f)
     assert_routed(routed, x, w)
     with jax.default_matmul_precision("highest"):
@@ -179,17 +196,30 @@ def test_while_loop(rng):
 
 def test_shard_map_inside(rng):
     from jax.sharding import PartitionSpec as P
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices("cpu")[:4])
-    f = jax.shard_map(lambda x, w: lax.psum(x @ w, "model"), mesh=mesh,
-                      in_specs=(P("data", "model"), P("model")), out_specs=P("data"))
+
+    mesh = jax.make_mesh(
+        (2, 2),
+        ("data", "model"),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+        devices=jax.devices("cpu")[:4],
+    )
+    f = jax.shard_map(
+        lambda x, w: lax.psum(x @ w, "model"),
+        mesh=mesh,
+        in_specs=(P("data", "model"), P("model")),
+        out_specs=P("data"),
+    )
     x = random_array(rng, (8, 4), np.float32)
     w = random_array(rng, (4, 6), np.float32)
     routed = jax_tiled.tiled(f)
     assert_routed(routed, x, w)
     # tiled inside shard_map, on the per-device body.
-    inside = jax.shard_map(jax_tiled.tiled(lambda x, w: lax.psum(x @ w, "model")), mesh=mesh,
-                           in_specs=(P("data", "model"), P("model")), out_specs=P("data"))
+    inside = jax.shard_map(
+        jax_tiled.tiled(lambda x, w: lax.psum(x @ w, "model")),
+        mesh=mesh,
+        in_specs=(P("data", "model"), P("model")),
+        out_specs=P("data"),
+    )
     assert_routed(inside, x, w)
     with jax.default_matmul_precision("highest"):
         assert_trees_close(routed(x, w), f(x, w))
@@ -205,7 +235,8 @@ MORE = {
     "lax.map": lambda a, b: lax.map(lambda r: r @ a, a),
     "associative_scan": lambda a, b: lax.associative_scan(jnp.matmul, jnp.stack([a, a / 2, a])),
     "pure_callback": lambda a, b: jax.pure_callback(
-        lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct((4,), np.float32), a @ b),
+        lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct((4,), np.float32), a @ b
+    ),
     "debug callback": lambda a, b: (jax.debug.callback(lambda v: None, a @ b), a @ b)[1],
     "random keys": lambda a, b: jax.random.normal(jax.random.key(0), (4, 4)) @ a,
 }
@@ -223,6 +254,7 @@ def test_more_primitives(rng, name):
 
 
 # ---- Calling conventions ----
+
 
 def test_closed_over_values_and_tracers(rng):
     x = random_array(rng, (4, 3), np.float32)
@@ -283,6 +315,7 @@ def test_weak_types_are_kept():
 
 # ---- Flax ----
 
+
 def test_flax_linen_model():
     from flax import linen as nn
 
@@ -311,8 +344,9 @@ def test_flax_nnx_module_and_its_state():
     class Block(nnx.Module):
         def __init__(self, rngs):
             self.dense = nnx.Linear(8, 16, rngs=rngs)
-            self.attention = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=False,
-                                                    rngs=rngs)
+            self.attention = nnx.MultiHeadAttention(
+                num_heads=2, in_features=16, decode=False, rngs=rngs
+            )
             self.norm = nnx.BatchNorm(16, rngs=rngs)
 
         def __call__(self, x):
@@ -336,13 +370,15 @@ def test_flax_nnx_module_and_its_state():
             module = nnx.merge(graphdef, state)
             y = module(x)
             return y, nnx.state(module)
+
         return jax_tiled.tiled(pure)(state, x)
 
     with jax.default_matmul_precision("highest"):  # true fp32 on GPUs too
         y, new_state = forward(state, x)
     nnx.update(block, new_state)
-    assert_routed(lambda s, x: jax_tiled.tiled(
-        lambda s, x: nnx.merge(graphdef, s)(x))(s, x), state, x)
+    assert_routed(
+        lambda s, x: jax_tiled.tiled(lambda s, x: nnx.merge(graphdef, s)(x))(s, x), state, x
+    )
     reference = Block(nnx.Rngs(0))
     reference.train()
     with jax.default_matmul_precision("highest"):

@@ -46,23 +46,27 @@ def test_jit_grad_jvp_match_jnp(platform, rng, a_shape, b_shape):
     for kernel in kernels_on(platform, precision=HIGHEST):
         mm = lambda a, b: tiled(a, b, kernel)
         assert_trees_close(jax.jit(mm)(a, b), reference(a, b))
-        assert_trees_close(jax.grad(loss_of(mm), (0, 1))(a, b),
-                           jax.grad(loss_of(reference), (0, 1))(a, b))
+        assert_trees_close(
+            jax.grad(loss_of(mm), (0, 1))(a, b), jax.grad(loss_of(reference), (0, 1))(a, b)
+        )
         assert_trees_close(jax.jvp(mm, (a, b), (da, db)), jax.jvp(reference, (a, b), (da, db)))
-        assert_trees_close(jax.jit(jax.grad(loss_of(mm), (0, 1)))(a, b),
-                           jax.grad(loss_of(reference), (0, 1))(a, b))
+        assert_trees_close(
+            jax.jit(jax.grad(loss_of(mm), (0, 1)))(a, b), jax.grad(loss_of(reference), (0, 1))(a, b)
+        )
 
 
-@pytest.mark.parametrize("a_shape,b_shape", [((5, 6), (6, 4)), ((2, 5, 6), (1, 6, 4)), ((6,), (2, 6, 3))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "a_shape,b_shape", [((5, 6), (6, 4)), ((2, 5, 6), (1, 6, 4)), ((6,), (2, 6, 3))], ids=str
+)
 def test_check_grads_second_order(platform, rng, a_shape, b_shape):
     with x64():
         a = random_array(rng, a_shape, np.float64)
         b = random_array(rng, b_shape, np.float64)
         for kernel in kernels_on(platform, np.float64, precision=HIGHEST):
             check_grads(lambda a, b: tiled(a, b, kernel), (a, b), order=2, modes=("fwd", "rev"))
-            check_grads(loss_of(lambda a, b: tiled(a, b, kernel)), (a, b), order=2,
-                        modes=("fwd", "rev"))
+            check_grads(
+                loss_of(lambda a, b: tiled(a, b, kernel)), (a, b), order=2, modes=("fwd", "rev")
+            )
 
 
 def test_hessian_jacfwd_jacrev_linearize(platform, rng):
@@ -77,8 +81,11 @@ def test_hessian_jacfwd_jacrev_linearize(platform, rng):
     assert_trees_close(f_lin(a, b), g_lin(a, b))
 
 
-@pytest.mark.parametrize("a_axis,b_axis", [(0, None), (None, 0), (0, 0), (1, None), (None, 2),
-                                           (2, 1), (1, 0), (-1, -1)], ids=str)
+@pytest.mark.parametrize(
+    "a_axis,b_axis",
+    [(0, None), (None, 0), (0, 0), (1, None), (None, 2), (2, 1), (1, 0), (-1, -1)],
+    ids=str,
+)
 def test_vmap_any_axis(platform, rng, a_axis, b_axis):
     v = 3
     a_shape, b_shape = [2, 7, 9], [9, 5]
@@ -101,16 +108,19 @@ def test_vmap_of_batched_primitive(platform, rng):
         b = random_array(rng, (b_batch, 5, 7), np.float32)
         prim = lambda a, b: bind_product(a, b, precision=HIGHEST)
         out = jax.vmap(prim, in_axes=(0, None))(a, b)
-        assert_matmul_close(out, a, np.broadcast_to(b, (3, *b.shape)), platform=platform,
-                            precision="highest")
+        assert_matmul_close(
+            out, a, np.broadcast_to(b, (3, *b.shape)), platform=platform, precision="highest"
+        )
 
 
 def test_vmap_of_grad_and_grad_of_vmap(platform, rng):
     a = random_array(rng, (4, 6, 5), np.float32)
     b = random_array(rng, (5, 3), np.float32)
     f, g = loss_of(tiled), loss_of(reference)
-    assert_trees_close(jax.vmap(jax.grad(f, (0, 1)), in_axes=(0, None))(a, b),
-                       jax.vmap(jax.grad(g, (0, 1)), in_axes=(0, None))(a, b))
+    assert_trees_close(
+        jax.vmap(jax.grad(f, (0, 1)), in_axes=(0, None))(a, b),
+        jax.vmap(jax.grad(g, (0, 1)), in_axes=(0, None))(a, b),
+    )
     vf = lambda a, b: jnp.sum(jax.vmap(tiled, in_axes=(0, None))(a, b) ** 2)
     vg = lambda a, b: jnp.sum(jax.vmap(reference, in_axes=(0, None))(a, b) ** 2)
     assert_trees_close(jax.grad(vf, (0, 1))(a, b), jax.grad(vg, (0, 1))(a, b))
@@ -120,14 +130,16 @@ def test_grad_with_16bit_inputs_and_float32_output(platform, rng):
     a = random_array(rng, (8, 16), jnp.bfloat16)
     b = random_array(rng, (16, 4), jnp.bfloat16)
     f = lambda a, b: jnp.sum(jax_tiled.matmul(a, b, preferred_element_type=jnp.float32) ** 2)
-    g = lambda a, b: jnp.sum(jnp.matmul(a, b, preferred_element_type=jnp.float32,
-                                        precision=HIGHEST) ** 2)
+    g = lambda a, b: jnp.sum(
+        jnp.matmul(a, b, preferred_element_type=jnp.float32, precision=HIGHEST) ** 2
+    )
     ga, gb = jax.grad(f, (0, 1))(a, b)
     assert ga.dtype == jnp.bfloat16 and gb.dtype == jnp.bfloat16
     assert_trees_close((ga, gb), jax.grad(g, (0, 1))(a, b), rtol=2e-2)
 
 
 # ---- Every product runs on this package's kernels ----
+
 
 def _jaxprs(a, b):
     da, db = jnp.ones_like(a), jnp.ones_like(b)

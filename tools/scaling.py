@@ -61,12 +61,19 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="highest")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--devices", type=int, default=None)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[None],
-                        help="jax_tiled.overlap chunks to time (default: its automatic choice)")
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="also time jax_tiled with the overlap turned off")
-    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS),
-                        metavar="LAYOUT")
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="jax_tiled.overlap chunks to time (default: its automatic choice)",
+    )
+    parser.add_argument(
+        "--no-overlap", action="store_true", help="also time jax_tiled with the overlap turned off"
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS), metavar="LAYOUT"
+    )
     args = parser.parse_args(argv)
     devices = jax.devices()
     count = args.devices or len(devices)
@@ -76,8 +83,10 @@ def main(argv=None) -> int:
     key_a, key_b = jax.random.split(jax.random.key(0))
     a = jax.random.normal(key_a, (n, n), args.dtype)
     b = jax.random.normal(key_b, (n, n), args.dtype)
-    print(f"# {devices[0].device_kind} x{count}, jax {jax.__version__}, {n}^3 {args.dtype}, "
-          f"precision {args.precision}; efficiency = t(1) / ({count} * t({count}))")
+    print(
+        f"# {devices[0].device_kind} x{count}, jax {jax.__version__}, {n}^3 {args.dtype}, "
+        f"precision {args.precision}; efficiency = t(1) / ({count} * t({count}))"
+    )
 
     variants = [(f"chunks={c if c is not None else 'auto'}", dict(chunks=c)) for c in args.chunks]
     if args.no_overlap:
@@ -88,8 +97,10 @@ def main(argv=None) -> int:
         a_s = jax.device_put(a, NamedSharding(mesh, a_spec))
         b_s = jax.device_put(b, NamedSharding(mesh, b_spec))
         with jax_tiled.overlap.settings(**settings):
-            fn = jax.jit(lambda x, y: matmul(x, y, precision=args.precision),
-                         out_shardings=NamedSharding(mesh, out_spec))
+            fn = jax.jit(
+                lambda x, y: matmul(x, y, precision=args.precision),
+                out_shardings=NamedSharding(mesh, out_spec),
+            )
             out = fn(a_s, b_s)
             return median_seconds(fn, a_s, b_s, args.repeats), out
 
@@ -101,8 +112,10 @@ def main(argv=None) -> int:
     print(f"1 device: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms")
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
-    header = (f"{'layout':28} {'jax_tiled':12} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
-              f"{'jnp eff':>8} {'jnp/ours':>8}")
+    header = (
+        f"{'layout':28} {'jax_tiled':12} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
+        f"{'jnp eff':>8} {'jnp/ours':>8}"
+    )
     print(header)
     print("-" * len(header))
     for layout in args.layouts:
@@ -111,9 +124,11 @@ def main(argv=None) -> int:
         for label, settings in variants:
             t, out = timed(jax_tiled.matmul, mesh, specs, settings)
             check(out, reference, args.dtype)
-            print(f"{layout:28} {label:12} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
-                  f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
-                  f"{t_jnp / t:7.2f}x")
+            print(
+                f"{layout:28} {label:12} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
+                f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
+                f"{t_jnp / t:7.2f}x"
+            )
     return 0
 
 

@@ -30,15 +30,11 @@ struct Operands {
 
 // One output tile, computed over the whole depth by one thread: rows
 // [i0, i0 + rows) and columns [j0, j0 + cols) of batch entry `batch`.
-struct Tile {
-  int64_t batch = 0, i0 = 0, rows = 0, j0 = 0, cols = 0;
-};
+struct Tile { int64_t batch = 0, i0 = 0, rows = 0, j0 = 0, cols = 0; };
 
 // The blocking of one accumulator type: register block mr x nr, depth slab kc,
 // and nc, the columns of the packed B block that stays in L2.
-struct Geometry {
-  int64_t mr, nr, kc, nc;
-};
+struct Geometry { int64_t mr, nr, kc, nc; };
 
 struct IsaKernels {
   const char* name;

@@ -36,8 +36,16 @@ namespace jax_tiled::cpu::JAX_TILED_ISA {
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
 
-inline float BitsToFloat(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t FloatToBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t FloatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 inline float ToFloat(BFloat16 x) { return BitsToFloat(uint32_t{x.bits} << 16); }
 
@@ -212,8 +220,8 @@ inline void SwapOffDiagonalBlocks(V (&v)[8]) {
     if ((i & S) == 0) {
       const V x = v[i], y = v[i + S];
       v[i] = JAX_TILED_SHUFFLE(Mask, x, y, kStaysLow<S, 0>, kStaysLow<S, 1>, kStaysLow<S, 2>,
-                               kStaysLow<S, 3>, kStaysLow<S, 4>, kStaysLow<S, 5>,
-                               kStaysLow<S, 6>, kStaysLow<S, 7>);
+                               kStaysLow<S, 3>, kStaysLow<S, 4>, kStaysLow<S, 5>, kStaysLow<S, 6>,
+                               kStaysLow<S, 7>);
       v[i + S] = JAX_TILED_SHUFFLE(Mask, x, y, kGoesHigh<S, 0>, kGoesHigh<S, 1>, kGoesHigh<S, 2>,
                                    kGoesHigh<S, 3>, kGoesHigh<S, 4>, kGoesHigh<S, 5>,
                                    kGoesHigh<S, 6>, kGoesHigh<S, 7>);
@@ -251,8 +259,8 @@ inline void Transpose8x8(const T* src, int64_t stride, T* __restrict dst, int64_
 #endif
 
 template <int W, int VectorBytes, class Acc, class In>
-JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
-                int64_t depth, Acc* __restrict dst) {
+JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64_t depth_stride,
+                                          int64_t rows, int64_t depth, Acc* __restrict dst) {
   // Whether transposes go eight rows at a time. A panel whose width is not a
   // multiple of 8 ends with a block that overlaps the one before it (12 rows:
   // rows 0-7, then 4-11), rewriting a few elements rather than going scalar.
@@ -353,7 +361,8 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
     PackPanels<MR, C::kVectorBytes>(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, kc, apack);
     for (int64_t j0 = 0; j0 < t.cols; j0 += NC) {
       const int64_t nc = Min(NC, t.cols - j0);
-      PackPanels<NR, C::kVectorBytes>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, kc, bpack);
+      PackPanels<NR, C::kVectorBytes>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc,
+                                      kc, bpack);
       for (int64_t i = 0; i < t.rows; i += MR) {
         const int64_t live_rows = Min<int64_t>(MR, t.rows - i);
         for (int64_t j = 0; j < nc; j += NR) {
@@ -367,7 +376,8 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
           // elements see exactly the arithmetic of interior ones.
           alignas(64) Acc edge[MR * NR];
           for (int r = 0; r < live_rows; ++r)
-            for (int s = 0; s < live_cols; ++s) edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
+            for (int s = 0; s < live_cols; ++s)
+              edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
           EdgeMicroKernel<C>(live_rows, kc, apack + i * kc, bpack + j * kc, edge, NR, accumulate);
           for (int r = 0; r < live_rows; ++r)
             for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
@@ -425,8 +435,11 @@ struct Kernels {
   }
 
   static IsaKernels Make(const char* name) {
-    return {name, {Config32::kMr, Config32::kNr, Config32::kKc, Config32::kNc},
-            {Config64::kMr, Config64::kNr, Config64::kKc, Config64::kNc}, &Scratch, &Run};
+    return {name,
+            {Config32::kMr, Config32::kNr, Config32::kKc, Config32::kNc},
+            {Config64::kMr, Config64::kNr, Config64::kKc, Config64::kNc},
+            &Scratch,
+            &Run};
   }
 };
 

@@ -36,7 +36,9 @@ const IsaKernels& ChooseKernels() {
 }
 
 // Per-thread scratch that grows to the largest tile seen and is reused.
-struct AlignedFree { void operator()(void* p) const { std::free(p); } };
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
 void* ThreadScratch(size_t bytes) {
   thread_local std::unique_ptr<void, AlignedFree> buffer;
   thread_local size_t capacity = 0;
@@ -199,11 +201,11 @@ ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTiledMatmulCpu, jax_tiled::cpu::MatmulCpu,
     xla::ffi::Ffi::Bind()
-        .Ctx<xla::ffi::ThreadPool>()    // XLA's intra-op pool: threads for output tiles
-        .Arg<xla::ffi::AnyBuffer>()     // a: (batch_a, m, k), or (batch_a, k, m) transposed
-        .Arg<xla::ffi::AnyBuffer>()     // b: (batch_b, k, n), or (batch_b, n, k) transposed
-        .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
-        .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
-        .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
-        .Attr<jax_tiled::Precision>("precision")  // 0 DEFAULT, 1 HIGH, 2 HIGHEST: all exact fp32 here
-        .Attr<std::string_view>("kernel"));  // "auto" or kKernelName
+        .Ctx<xla::ffi::ThreadPool>()  // XLA's intra-op pool: threads for output tiles
+        .Arg<xla::ffi::AnyBuffer>()   // a: (batch_a, m, k), or (batch_a, k, m) transposed
+        .Arg<xla::ffi::AnyBuffer>()   // b: (batch_b, k, n), or (batch_b, n, k) transposed
+        .Ret<xla::ffi::AnyBuffer>()   // out: (batch, m, n)
+        .Attr<bool>("transpose_a")    // a is stored (batch_a, k, m)
+        .Attr<bool>("transpose_b")    // b is stored (batch_b, n, k)
+        .Attr<jax_tiled::Precision>("precision")  // every precision: exact fp32 here
+        .Attr<std::string_view>("kernel"));       // "auto" or kKernelName

@@ -25,8 +25,8 @@ std::string WhyNotWgmma(const Product& p, const DeviceFacts& device) {
     return "TF32 wgmma needs a K-major operand in shared memory and a stored (k, m) with b "
            "stored (k, n) has none";
   return "the TMA copy engine needs rows and batches that start at multiples of 16 bytes "
-         "(a's rows are " + std::to_string(d.lda) + " elements, b's " + std::to_string(d.ldb) +
-         ")";
+         "(a's rows are " +
+         std::to_string(d.lda) + " elements, b's " + std::to_string(d.ldb) + ")";
 }
 
 }  // namespace
@@ -41,13 +41,14 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     return KernelChoice{&kernel, kernel.plan(p, device)};
   };
   const int cc = device.compute_capability;
-  const bool tf32 =
-      p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
+  const bool tf32 = p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
-        return TensorCoreInputs(p) + " on a Hopper GPU, operands the TMA copy engine can read: "
-               "warp-specialised wgmma" + (tf32 ? ", A through registers" : "") +
+        return TensorCoreInputs(p) +
+               " on a Hopper GPU, operands the TMA copy engine can read: "
+               "warp-specialised wgmma" +
+               (tf32 ? ", A through registers" : "") +
                (wgmma.plan(p, device).swap_ab ? " (TF32 reads B K-major only)" : "");
       });
     return choose(mma, [&] {
@@ -66,7 +67,8 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   const std::string sms = std::to_string(device.multiprocessors);
   if (warptile.plan(p, device).block_m == 128)
     return choose(warptile, [&] {
-      return "128 x 128 blocks of 8 warps fill the " + sms + " SMs at least twice; there the "
+      return "128 x 128 blocks of 8 warps fill the " + sms +
+             " SMs at least twice; there the "
              "register-staged copies beat pipelined's cp.async";
     });
   const auto small = [&] {

@@ -22,10 +22,18 @@ namespace jax_tiled::cuda {
 namespace {
 
 MatmulDims ToDims(const MatmulProblem& p) {
-  return {p.batch, p.m, p.n, p.k,
-          p.a_batch_stride, p.b_batch_stride, p.out_batch_stride,
-          p.lda(), p.ldb(), p.ldc(),
-          p.transpose_a, p.transpose_b};
+  return {p.batch,
+          p.m,
+          p.n,
+          p.k,
+          p.a_batch_stride,
+          p.b_batch_stride,
+          p.out_batch_stride,
+          p.lda(),
+          p.ldb(),
+          p.ldc(),
+          p.transpose_a,
+          p.transpose_b};
 }
 
 // MakeMatmulProblem admits these four only.
@@ -39,8 +47,8 @@ Dtype ToDtype(ffi::DataType t) {
 }
 
 ffi::Error CudaError(const char* what, cudaError_t err) {
-  return ffi::Error::Internal(std::string("tiled_matmul: ") + what + ": " +
-                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Internal(std::string("tiled_matmul: ") + what + ": " + cudaGetErrorName(err) +
+                              ": " + cudaGetErrorString(err));
 }
 
 // The current device's facts; defaults (an H100's) if the driver cannot say.
@@ -88,8 +96,9 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   const bool is_auto = p.kernel == "auto";
   const KernelDescriptor* const forced = is_auto ? nullptr : FindKernel(p.kernel);
   if (!is_auto && !forced) return UnknownKernel("CUDA", p.kernel, KernelNames());
-  const Product product{ToDims(p), ToDtype(p.in_type), ToDtype(p.out_type), p.precision,
-                        a.untyped_data(), b.untyped_data()};
+  Product product{ToDims(p), ToDtype(p.in_type), ToDtype(p.out_type), p.precision};
+  product.a = a.untyped_data();
+  product.b = b.untyped_data();
   const DeviceFacts device = CurrentDevice();
   if (forced)
     if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))
@@ -130,11 +139,12 @@ AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
                        int compute_capability) {
   const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
   if (!product)
-    return {"", "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
-                    " or precision code " + std::to_string(precision), ""};
+    return {"",
+            "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
+                " or precision code " + std::to_string(precision),
+            ""};
   std::string why;
-  const KernelChoice choice =
-      ChooseAuto(*product, {multiprocessors, compute_capability}, &why);
+  const KernelChoice choice = ChooseAuto(*product, {multiprocessors, compute_capability}, &why);
   return {choice.kernel->name, why, choice.plan.Describe()};
 }
 
@@ -152,11 +162,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTiledMatmulCuda, jax_tiled::cuda::MatmulCuda,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: every launch goes here
-        .Arg<xla::ffi::AnyBuffer>()     // a: (batch_a, m, k), or (batch_a, k, m) transposed
-        .Arg<xla::ffi::AnyBuffer>()     // b: (batch_b, k, n), or (batch_b, n, k) transposed
-        .Ret<xla::ffi::AnyBuffer>()     // out: (batch, m, n)
-        .Attr<bool>("transpose_a")      // a is stored (batch_a, k, m)
-        .Attr<bool>("transpose_b")      // b is stored (batch_b, n, k)
-        .Attr<jax_tiled::Precision>("precision")  // 0 DEFAULT (TF32), 1 HIGH (3xTF32), 2 HIGHEST (fp32)
-        .Attr<std::string_view>("kernel"),  // "auto" or a name from KernelNames()
+        .Arg<xla::ffi::AnyBuffer>()  // a: (batch_a, m, k), or (batch_a, k, m) transposed
+        .Arg<xla::ffi::AnyBuffer>()  // b: (batch_b, k, n), or (batch_b, n, k) transposed
+        .Ret<xla::ffi::AnyBuffer>()  // out: (batch, m, n)
+        .Attr<bool>("transpose_a")   // a is stored (batch_a, k, m)
+        .Attr<bool>("transpose_b")   // b is stored (batch_b, n, k)
+        .Attr<jax_tiled::Precision>("precision")  // DEFAULT: TF32, HIGH: 3xTF32, HIGHEST: fp32
+        .Attr<std::string_view>("kernel"),        // "auto" or a name from KernelNames()
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -129,8 +129,8 @@ struct Takes {
   // Whether float32 inputs get true fp32 arithmetic (precision HIGHEST); the
   // tensor-core kernels compute float32 as TF32 (DEFAULT) or 3xTF32 (HIGH).
   bool true_fp32 = true;
-  int min_capability = 0;    // major * 10 + minor
-  bool hopper_only = false;  // arch-specific sm_90a instructions: 9.0 exactly
+  int min_capability = 0;         // major * 10 + minor
+  bool hopper_only = false;       // arch-specific sm_90a instructions: 9.0 exactly
   const char* dtype_reason = "";  // why inputs/outputs are limited, for the refusal
   bool tensor_cores = false;      // computes on the tensor cores (mma.sync, wgmma)
 
@@ -144,8 +144,10 @@ inline constexpr Takes kTakesEveryFloat{};
 // The tensor-core kernels: 16-bit inputs, or float32 as TF32, into a float32
 // accumulator and a 16- or 32-bit result.
 constexpr Takes TensorCoreTakes(int min_capability, bool hopper_only) {
-  return {kSixteenBit | kF32, kSixteenBit | kF32, false, min_capability, hopper_only,
-          "tensor-core instructions", true};
+  Takes takes{kSixteenBit | kF32, kSixteenBit | kF32, false, min_capability, hopper_only};
+  takes.dtype_reason = "tensor-core instructions";
+  takes.tensor_cores = true;
+  return takes;
 }
 
 // The storage type of a dtype in device code.
@@ -215,9 +217,9 @@ LaunchPlan FixedPlan(const Product&, const DeviceFacts&) {
 // JAX_TILED_EXTERN_PER_INPUT.
 #define JAX_TILED_PER_INPUT_LAUNCHER(Launcher, In) \
   cudaError_t Launcher<In>(const LaunchPlan&, const Product&, void*, cudaStream_t)
-#define JAX_TILED_EXTERN_PER_INPUT(Launcher)                               \
-  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __half);          \
-  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __nv_bfloat16);   \
+#define JAX_TILED_EXTERN_PER_INPUT(Launcher)                             \
+  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __half);        \
+  extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __nv_bfloat16); \
   extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, float);
 
 // One kernel of the ladder, as the handler, auto and explain see it.

@@ -17,8 +17,8 @@ extern const KernelDescriptor kSmemTiled, kSmemTiled16, kSmemTiledRacy, kRegiste
 
 namespace {
 const KernelDescriptor* const kLadder[] = {
-    &kSmemTiled,       &kSmemTiled16,          &kSmemTiledRacy,    &kRegisterBlocked,
-    &kSimtWarpTiled,   &kSimtCpAsyncPipelined, &kMmaSyncPipelined, &kWgmmaTmaWarpSpecialized,
+    &kSmemTiled,     &kSmemTiled16,          &kSmemTiledRacy,    &kRegisterBlocked,
+    &kSimtWarpTiled, &kSimtCpAsyncPipelined, &kMmaSyncPipelined, &kWgmmaTmaWarpSpecialized,
 };
 
 // "x, y or z".
@@ -79,13 +79,14 @@ std::optional<std::string> Refusal(const KernelDescriptor& kernel, const Product
   const Takes& takes = kernel.takes;
   if (!takes.TakesDtypes(p.in_type, p.out_type))
     return Quoted(kernel) + " computes " + DtypeList(takes.inputs, !takes.true_fp32) +
-           " inputs into a " + DtypeList(takes.outputs, false) + " result (" +
-           takes.dtype_reason + "); got " + DtypeName(p.in_type) + " -> " +
-           DtypeName(p.out_type);
+           " inputs into a " + DtypeList(takes.outputs, false) + " result (" + takes.dtype_reason +
+           "); got " + DtypeName(p.in_type) + " -> " + DtypeName(p.out_type);
   if (!takes.true_fp32 && p.in_type == Dtype::kF32 && p.precision == Precision::kHighest)
-    return Quoted(kernel) + " computes float32 on TF32 tensor cores (precision DEFAULT: one "
+    return Quoted(kernel) +
+           " computes float32 on TF32 tensor cores (precision DEFAULT: one "
            "TF32 pass, HIGH: 3xTF32) and cannot give the true fp32 arithmetic that precision "
-           "HIGHEST asks for; use " + TrueFp32Kernels() + ", or kernel='auto'";
+           "HIGHEST asks for; use " +
+           TrueFp32Kernels() + ", or kernel='auto'";
   if (takes.hopper_only && compute_capability != 90)
     return Quoted(kernel) + " needs a Hopper GPU (compute capability 9.0); this one is " +
            Capability(compute_capability);
@@ -100,7 +101,8 @@ std::string LaunchPlan::Describe() const {
   std::string text = std::to_string(block_m) + " x " + std::to_string(block_n) + " tiles";
   if (stages) text += ", " + std::to_string(stages) + " stages";
   if (swap_ab) text += ", computing C^T = B^T A^T";
-  if (persistent_blocks) text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
+  if (persistent_blocks)
+    text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;
 }
 

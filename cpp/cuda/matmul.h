@@ -15,11 +15,11 @@ namespace jax_tiled::cuda {
 // descriptor these come from).
 struct KernelFacts {
   std::string name;
-  bool listed;        // offered by jax_tiled.kernels(); false: for the test suite only
-  bool tensor_cores;  // computes on the tensor cores
-  bool true_fp32;     // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
-  int min_capability;                       // major * 10 + minor
-  bool hopper_only;                         // sm_90a instructions: capability 9.0 exactly
+  bool listed;         // offered by jax_tiled.kernels(); false: for the test suite only
+  bool tensor_cores;   // computes on the tensor cores
+  bool true_fp32;      // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
+  int min_capability;  // major * 10 + minor
+  bool hopper_only;    // sm_90a instructions: capability 9.0 exactly
   std::vector<std::string> inputs, outputs;  // numpy dtype names
 };
 
@@ -36,9 +36,7 @@ struct ProblemShape {
 
 // What kernel="auto" runs, for explain: the kernel's name, why, and the plan
 // its launcher runs ("128 x 256 tiles, 4 stages").
-struct AutoChoice {
-  std::string kernel, reason, plan;
-};
+struct AutoChoice { std::string kernel, reason, plan; };
 
 // AutoChoice for this problem from `dtype` inputs to an `out_dtype` result
 // (numpy's names) at `precision` (the FFI attribute's code) on a GPU with

@@ -10,54 +10,62 @@
 namespace nb = nanobind;
 
 NB_MODULE(_cuda, m) {
-  m.def("registrations", [] {
-    nb::dict targets;
-    targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
-    return targets;
-  }, "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
-  m.def("kernel_table", [] {
-    nb::list table;
-    for (const jax_tiled::cuda::KernelFacts& k : jax_tiled::cuda::KernelTable()) {
-      nb::dict row;
-      row["name"] = k.name;
-      row["listed"] = k.listed;
-      row["tensor_cores"] = k.tensor_cores;
-      row["true_fp32"] = k.true_fp32;
-      row["min_capability"] = k.min_capability;
-      row["hopper_only"] = k.hopper_only;
-      row["inputs"] = k.inputs;
-      row["outputs"] = k.outputs;
-      table.append(row);
-    }
-    return table;
-  }, "The kernel table in ladder order, a dict of facts per kernel (no GPU needed).");
+  m.def(
+      "registrations",
+      [] {
+        nb::dict targets;
+        targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
+        return targets;
+      },
+      "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");
+  m.def(
+      "kernel_table",
+      [] {
+        nb::list table;
+        for (const jax_tiled::cuda::KernelFacts& k : jax_tiled::cuda::KernelTable()) {
+          nb::dict row;
+          row["name"] = k.name;
+          row["listed"] = k.listed;
+          row["tensor_cores"] = k.tensor_cores;
+          row["true_fp32"] = k.true_fp32;
+          row["min_capability"] = k.min_capability;
+          row["hopper_only"] = k.hopper_only;
+          row["inputs"] = k.inputs;
+          row["outputs"] = k.outputs;
+          table.append(row);
+        }
+        return table;
+      },
+      "The kernel table in ladder order, a dict of facts per kernel (no GPU needed).");
   // Problems arrive as (batch_a, batch_b, m, n, k, transpose_a, transpose_b), then
   // the precision as the FFI attribute codes it (0 DEFAULT, 1 HIGH, 2 HIGHEST).
   using jax_tiled::cuda::ProblemShape;
-  m.def("explain_auto",
-        [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
-           int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, int precision,
-           int multiprocessors, int compute_capability) {
-          const jax_tiled::cuda::AutoChoice choice = jax_tiled::cuda::ExplainAuto(
-              dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
-              precision, multiprocessors, compute_capability);
-          return nb::make_tuple(choice.kernel, choice.reason, choice.plan);
-        },
-        nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"),
-        nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
-        nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
-        "(kernel, why, plan) for what kernel='auto' runs on this problem (no GPU needed).");
-  m.def("kernel_refusal",
-        [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
-           int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
-           bool transpose_b, int precision, int compute_capability) {
-          return jax_tiled::cuda::KernelRefusal(
-              kernel, dtype, out_dtype,
-              ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b}, precision,
-              compute_capability);
-        },
-        nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),
-        nb::arg("batch_b"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"),
-        nb::arg("transpose_b"), nb::arg("precision"), nb::arg("compute_capability"),
-        "Why the kernel cannot run this problem, or '' if it can.");
+  m.def(
+      "explain_auto",
+      [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
+         int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, int precision,
+         int multiprocessors, int compute_capability) {
+        const jax_tiled::cuda::AutoChoice choice = jax_tiled::cuda::ExplainAuto(
+            dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
+            precision, multiprocessors, compute_capability);
+        return nb::make_tuple(choice.kernel, choice.reason, choice.plan);
+      },
+      nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"), nb::arg("batch_b"), nb::arg("m"),
+      nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
+      nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
+      "(kernel, why, plan) for what kernel='auto' runs on this problem (no GPU needed).");
+  m.def(
+      "kernel_refusal",
+      [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
+         int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
+         bool transpose_b, int precision, int compute_capability) {
+        return jax_tiled::cuda::KernelRefusal(
+            kernel, dtype, out_dtype,
+            ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b}, precision,
+            compute_capability);
+      },
+      nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),
+      nb::arg("batch_b"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"),
+      nb::arg("transpose_b"), nb::arg("precision"), nb::arg("compute_capability"),
+      "Why the kernel cannot run this problem, or '' if it can.");
 }

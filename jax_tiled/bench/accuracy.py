@@ -54,8 +54,10 @@ from jax_tiled.bench.shapes import Shape, parse_shape
 
 # The default shapes by backend: a square, a long K, an odd shape. On a GPU at
 # the sizes the targets name; on a CPU small, so that the view runs in seconds.
-ACCURACY_SHAPES = {"gpu": ("4096^3", "512x8192x512", "1000x800x1200"),
-                   "cpu": ("256^3", "128x4096x128", "197x263x131")}
+ACCURACY_SHAPES = {
+    "gpu": ("4096^3", "512x8192x512", "1000x800x1200"),
+    "cpu": ("256^3", "128x4096x128", "197x263x131"),
+}
 # 16-bit operands into a float32 output also over a very long K: a float32 output
 # keeps the drift of a long accumulation, which a 16-bit one would round away.
 WIDE_OUTPUT_SHAPES = {"gpu": ("256x65536x256",), "cpu": ("64x16384x64",)}
@@ -67,36 +69,42 @@ def _uniform_positive(key, shape, dtype):
 
 DISTRIBUTIONS = {"positive": _uniform_positive, "normal": jax.random.normal}
 
-ERR_TARGET = 1.2   # ours' err at most this times jnp's ...
+ERR_TARGET = 1.2  # ours' err at most this times jnp's ...
 BIAS_TARGET = 2.0  # ... and ours' |bias| at most this times jnp's, with the allowances:
 ROUNDING_ROOM = 0.25  # of the output dtype's epsilon
-CHANCE_STEPS = 3      # of 1.2 jnp's err / sqrt(the output's elements), for the bias
+CHANCE_STEPS = 3  # of 1.2 jnp's err / sqrt(the output's elements), for the bias
 
 DEFINITIONS = (
     "err = ||out - ref||_F / ||ref||_F; bias = mean(out - ref) / mean(|ref|); ref: float64 "
     "NumPy product of the same dtype-rounded inputs; inputs positive: uniform [0.5, 1.5], "
-    f"normal: standard normal; {PEER} at the row's dtype, precision and output dtype")
-LEGEND = (f"flag: ERR where ours' err > {ERR_TARGET:g} jnp's + eps/4, BIAS where ours' |bias| > "
-          f"{BIAS_TARGET:g} |jnp's| + eps/4 + {CHANCE_STEPS} x {ERR_TARGET:g} jnp's err / "
-          "sqrt(M N) (eps: the output dtype's; as tests/test_accuracy.py)")
+    f"normal: standard normal; {PEER} at the row's dtype, precision and output dtype"
+)
+LEGEND = (
+    f"flag: ERR where ours' err > {ERR_TARGET:g} jnp's + eps/4, BIAS where ours' |bias| > "
+    f"{BIAS_TARGET:g} |jnp's| + eps/4 + {CHANCE_STEPS} x {ERR_TARGET:g} jnp's err / "
+    "sqrt(M N) (eps: the output dtype's; as tests/test_accuracy.py)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Accuracy:
     """One product's distance from ref (see the module docstring)."""
+
     err: float
     bias: float
 
 
 def accuracy(out, ref: np.ndarray) -> Accuracy:
     diff = np.asarray(out, np.float64) - ref
-    return Accuracy(err=relative_distance(out, ref),
-                    bias=float(np.mean(diff) / np.mean(np.abs(ref))))
+    return Accuracy(
+        err=relative_distance(out, ref), bias=float(np.mean(diff) / np.mean(np.abs(ref)))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """The most ours' err and |bias| may be against the peer's (module docstring)."""
+
     err: float
     bias: float
 
@@ -104,15 +112,21 @@ class Limits:
 def limits(peer: Accuracy, out_dtype: str, elements: int) -> Limits:
     rounding = ROUNDING_ROOM * float(jnp.finfo(out_dtype).eps)
     chance = CHANCE_STEPS * ERR_TARGET * peer.err / math.sqrt(elements)
-    return Limits(err=ERR_TARGET * peer.err + rounding,
-                  bias=BIAS_TARGET * abs(peer.bias) + rounding + chance)
+    return Limits(
+        err=ERR_TARGET * peer.err + rounding, bias=BIAS_TARGET * abs(peer.bias) + rounding + chance
+    )
 
 
 def misses(ours: Accuracy, allowed: Limits) -> list[str]:
     """The targets ours misses: "err", "bias" (a nan misses both)."""
-    return [name for name, value, limit in (("err", ours.err, allowed.err),
-                                            ("bias", abs(ours.bias), allowed.bias))
-            if not value <= limit]
+    return [
+        name
+        for name, value, limit in (
+            ("err", ours.err, allowed.err),
+            ("bias", abs(ours.bias), allowed.bias),
+        )
+        if not value <= limit
+    ]
 
 
 def _ratio(ours: float, peer: float) -> float:
@@ -125,22 +139,23 @@ def _ratio(ours: float, peer: float) -> float:
 @dataclasses.dataclass
 class AccuracyRow:
     """One kernel's product and the peer's on the same inputs (module docstring)."""
+
     shape: str
     dtype: str
     out_dtype: str
     precision: str
-    inputs: str                      # the distribution's name
+    inputs: str  # the distribution's name
     kernel: str
     err: float | None = None
     peer_err: float | None = None
-    err_ratio: float | None = None   # err / peer_err
+    err_ratio: float | None = None  # err / peer_err
     bias: float | None = None
     peer_bias: float | None = None
     bias_ratio: float | None = None  # |bias| / |peer_bias|
-    err_limit: float | None = None   # the most err and |bias| may be (limits)
+    err_limit: float | None = None  # the most err and |bias| may be (limits)
     bias_limit: float | None = None
     misses: list[str] | None = None  # the targets missed: "err", "bias"
-    refused: bool = False            # the forced kernel refused the product
+    refused: bool = False  # the forced kernel refused the product
     error: str | None = None
 
     def record(self, ours: Accuracy, peer: Accuracy, allowed: Limits) -> None:
@@ -171,6 +186,7 @@ def out_dtypes(dtype: str) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class Products:
     """The products measured on one input pair: the peer's and each kernel's."""
+
     out_dtype: str
     precision: str
     kernels: tuple[str, ...]
@@ -193,8 +209,9 @@ def plan(args, kernels: list[str], suite: str) -> list[tuple[Shape, str, list[Pr
         by_shape: dict[Shape, list[Products]] = {}
         for out in out_dtypes(dtype):
             for precision in precisions_for(dtype, args.precision):
-                product = Products(out, precision,
-                                   tuple(kernels_for(dtype, precision, kernels, requested, out)))
+                product = Products(
+                    out, precision, tuple(kernels_for(dtype, precision, kernels, requested, out))
+                )
                 for shape in shapes_for(args, suite, dtype, out):
                     by_shape.setdefault(shape, []).append(product)
         work += [(shape, dtype, products) for shape, products in by_shape.items()]
@@ -205,8 +222,14 @@ def _evaluate(shape: Shape, precision: str, kernel: str, out_dtype: str, a, b) -
     return np.asarray(jax.jit(product_fn(shape, precision, kernel, out_dtype))(a, b))
 
 
-def measure_products(shape: Shape, dtype: str, distribution: str, products: list[Products],
-                     seed: int, progress: Progress) -> list[AccuracyRow]:
+def measure_products(
+    shape: Shape,
+    dtype: str,
+    distribution: str,
+    products: list[Products],
+    seed: int,
+    progress: Progress,
+) -> list[AccuracyRow]:
     """Rows for one input pair: per product the peer's once, then each kernel's."""
     a, b = make_inputs(shape, dtype, distribution, seed)
     ref = reference(shape, [(a, b)])
@@ -215,12 +238,16 @@ def measure_products(shape: Shape, dtype: str, distribution: str, products: list
         peer = accuracy(_evaluate(shape, p.precision, PEER, p.out_dtype, a, b), ref)
         allowed = limits(peer, p.out_dtype, ref.size)
         for kernel in p.kernels:
-            progress.describe(f"{shape.name} {dtype}->{p.out_dtype} {p.precision} "
-                              f"{distribution} {kernel}")
+            progress.describe(
+                f"{shape.name} {dtype}->{p.out_dtype} {p.precision} {distribution} {kernel}"
+            )
             row = AccuracyRow(shape.name, dtype, p.out_dtype, p.precision, distribution, kernel)
             try:
-                row.record(accuracy(_evaluate(shape, p.precision, kernel, p.out_dtype, a, b),
-                                    ref), peer, allowed)
+                row.record(
+                    accuracy(_evaluate(shape, p.precision, kernel, p.out_dtype, a, b), ref),
+                    peer,
+                    allowed,
+                )
             except ValueError as exc:  # a forced kernel refuses the product when traced
                 row.refused, row.error = True, f"refused: {exc}"
             except Exception as exc:  # noqa: BLE001 - a failing kernel is a row, not a crash
@@ -237,7 +264,6 @@ def run_accuracy(args, kernels: list[str], suite: str) -> list[AccuracyRow]:
     with Progress(total, enabled=not args.no_progress) as progress:
         for shape, dtype, products in work:
             for distribution in DISTRIBUTIONS:
-                rows += measure_products(shape, dtype, distribution, products, args.seed,
-                                         progress)
+                rows += measure_products(shape, dtype, distribution, products, args.seed, progress)
             jax.clear_caches()
     return rows

@@ -49,6 +49,7 @@ WEIGHT_GAIN = 1.5
 @dataclasses.dataclass
 class ChainRow(VersusPeer):
     """One chain timed with one matmul (see the module docstring)."""
+
     form: str
     size: int
     length: int
@@ -56,16 +57,16 @@ class ChainRow(VersusPeer):
     precision: str
     kernel: str
     sets: int
-    ms: float | None = None          # per chain
+    ms: float | None = None  # per chain
     us_per_product: float | None = None
     tflops: float | None = None
-    ratio: float | None = None       # peer time / our time
+    ratio: float | None = None  # peer time / our time
     peer_ms: float | None = None
     peer_precision: str | None = None
     # Relative distances to the truth of the final x (chain_errs): {"x": ...}
     err: dict[str, float] | None = None
     peer_err: dict[str, float] | None = None  # the peer's, on a kernel's row
-    tolerance: float | None = None    # see harness.judge_against_truth
+    tolerance: float | None = None  # see harness.judge_against_truth
     calls: int | None = None
     samples_ms: list[float] | None = None
     error: str | None = None
@@ -79,9 +80,11 @@ def chain_fn(form: str, length: int, precision: str, kernel: str):
         return jnp.tanh(mm(x, w)).astype(x.dtype)
 
     if form == "scan":
+
         def chain(x, ws):
             return lax.scan(lambda x, w: (layer(x, w), None), x, ws)[0]
     elif form == "unrolled":
+
         def chain(x, ws):
             for i in range(length):
                 x = layer(x, ws[i])
@@ -92,7 +95,7 @@ def chain_fn(form: str, length: int, precision: str, kernel: str):
 
 
 def chain_flops(size: int, length: int) -> int:
-    return 2 * length * size ** 3
+    return 2 * length * size**3
 
 
 def make_chain_inputs(size: int, length: int, dtype, budget: Budget, seed: int) -> list[tuple]:
@@ -103,12 +106,20 @@ def make_chain_inputs(size: int, length: int, dtype, budget: Budget, seed: int) 
     return jax.block_until_ready([(x, (ws * scale).astype(dtype)) for x, ws in sets])
 
 
-def measure_chain(form: str, size: int, dtype: str, precision: str, kernel: str, sets, args,
-                  budget: Budget):
+def measure_chain(
+    form: str, size: int, dtype: str, precision: str, kernel: str, sets, args, budget: Budget
+):
     """The chain's row, and its final x on the first set (None when it failed)."""
     row = ChainRow(form, size, args.chain_length, dtype, precision, kernel, len(sets))
-    timing = measure_into(row, chain_fn(form, args.chain_length, precision, kernel), sets,
-                          chain_flops(size, args.chain_length), args, budget, keep_first=True)
+    timing = measure_into(
+        row,
+        chain_fn(form, args.chain_length, precision, kernel),
+        sets,
+        chain_flops(size, args.chain_length),
+        args,
+        budget,
+        keep_first=True,
+    )
     if timing is None:
         return row, None
     row.us_per_product = row.ms * 1e3 / args.chain_length
@@ -120,25 +131,40 @@ def chain_errs(x, truth) -> dict[str, float]:
     return {"x": relative_distance(x, truth)}
 
 
-def run_chain(form: str, size: int, dtype: str, precisions: list[str], kernels: list[str],
-              args, budget: Budget, progress: Progress) -> list[ChainRow]:
+def run_chain(
+    form: str,
+    size: int,
+    dtype: str,
+    precisions: list[str],
+    kernels: list[str],
+    args,
+    budget: Budget,
+    progress: Progress,
+) -> list[ChainRow]:
     sets = make_chain_inputs(size, args.chain_length, jnp.dtype(dtype), budget, args.seed)
-    truth = truth_of(lambda precision, kernel: chain_fn(form, args.chain_length, precision,
-                                                        kernel), sets[0])
+    truth = truth_of(
+        lambda precision, kernel: chain_fn(form, args.chain_length, precision, kernel), sets[0]
+    )
     return measure_agreeing_with_peers(
-        precisions, kernels,
-        lambda precision, kernel: measure_chain(form, size, dtype, precision, kernel, sets, args,
-                                                budget),
-        chain_errs, truth, progress, f"chain {form} {size} {dtype}")
+        precisions,
+        kernels,
+        lambda precision, kernel: measure_chain(
+            form, size, dtype, precision, kernel, sets, args, budget
+        ),
+        chain_errs,
+        truth,
+        progress,
+        f"chain {form} {size} {dtype}",
+    )
 
 
 def run_chains(args, kernels: list[str], budget: Budget) -> list[ChainRow]:
     precisions = args.precision or ["default"]
-    work = [(form, size, dtype) for dtype in args.dtype for size in args.sizes
-            for form in FORMS]
+    work = [(form, size, dtype) for dtype in args.dtype for size in args.sizes for form in FORMS]
     rows = []
-    with Progress(len(work) * count_rows({p: kernels for p in precisions}),
-                  enabled=not args.no_progress) as progress:
+    with Progress(
+        len(work) * count_rows({p: kernels for p in precisions}), enabled=not args.no_progress
+    ) as progress:
         for form, size, dtype in work:
             rows += run_chain(form, size, dtype, precisions, kernels, args, budget, progress)
             jax.clear_caches()
@@ -146,6 +172,7 @@ def run_chains(args, kernels: list[str], budget: Budget) -> list[ChainRow]:
 
 
 def describe_chains(length: int) -> str:
-    return (f"chains: {length} dependent products x = tanh(x @ w[i]) in one jitted function, "
-            "x and w[i] size x size; time per product")
-
+    return (
+        f"chains: {length} dependent products x = tanh(x @ w[i]) in one jitted function, "
+        "x and w[i] size x size; time per product"
+    )

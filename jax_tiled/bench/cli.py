@@ -58,84 +58,159 @@ def _split(values: list[str] | None) -> list[str] | None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m jax_tiled.bench",
-                                description=package.__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", action="append", metavar="DT",
-                   help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
-                        "(default float32; --train-step: bfloat16; --accuracy: float32, "
-                        "bfloat16, float16)")
-    p.add_argument("--precision", action="append", metavar="P",
-                   help="precision(s): default, high, highest (default: all three for "
-                        "float32, default otherwise)")
-    p.add_argument("--kernels", action="append", metavar="K",
-                   help="subset of kernels (names from jax_tiled.kernels(), or auto; "
-                        "--train-step: default auto)")
-    p.add_argument("--shapes", action="append", metavar="S",
-                   help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA")
-    p.add_argument("--quick", action="store_true",
-                   help="a short run: a few small and medium shapes, fewer repeats")
-    p.add_argument("--cpu-suite", action="store_true",
-                   help="the small CPU suite even on a GPU backend (default on CPU)")
-    p.add_argument("--repeats", type=int, help="samples per row, median taken (default 10; "
-                                               "--quick 5; at least 5)")
+    p = argparse.ArgumentParser(
+        prog="python -m jax_tiled.bench",
+        description=package.__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dtype",
+        action="append",
+        metavar="DT",
+        help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
+        "(default float32; --train-step: bfloat16; --accuracy: float32, "
+        "bfloat16, float16)",
+    )
+    p.add_argument(
+        "--precision",
+        action="append",
+        metavar="P",
+        help="precision(s): default, high, highest (default: all three for "
+        "float32, default otherwise)",
+    )
+    p.add_argument(
+        "--kernels",
+        action="append",
+        metavar="K",
+        help="subset of kernels (names from jax_tiled.kernels(), or auto; "
+        "--train-step: default auto)",
+    )
+    p.add_argument(
+        "--shapes",
+        action="append",
+        metavar="S",
+        help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: a few small and medium shapes, fewer repeats",
+    )
+    p.add_argument(
+        "--cpu-suite",
+        action="store_true",
+        help="the small CPU suite even on a GPU backend (default on CPU)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="samples per row, median taken (default 10; --quick 5; at least 5)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="warm-up calls after compiling")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the error spot check against float64 NumPy on small shapes")
+    p.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip the error spot check against float64 NumPy on small shapes",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", metavar="PATH", help="write machine-readable results")
     p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
     p.add_argument("--list-shapes", action="store_true", help="print the suites and exit")
-    p.add_argument("--train-step", action="store_true",
-                   help="time the training step (forward + VJP of a 2-layer MLP) with "
-                        "jnp.matmul and with each kernel, instead of single products "
-                        "(default dtype bfloat16, precision default)")
-    p.add_argument("--model", choices=sorted(MODELS),
-                   help="--train-step: the model (default mlp; attention: a transformer block)")
-    p.add_argument("--width", type=int, metavar="W",
-                   help="--train-step: the model's width (default: mlp "
-                        f"{TRAIN_SIZE['mlp', 'gpu'][0]}, {TRAIN_SIZE['mlp', 'cpu'][0]} on CPU; "
-                        f"attention {TRAIN_SIZE['attention', 'gpu'][0]})")
-    p.add_argument("--tokens", "--batch-rows", type=int, metavar="T",
-                   help="--train-step: tokens per sequence; the MLP's rows of x (default: "
-                        f"the width; attention {TRAIN_SIZE['attention', 'gpu'][1]})")
-    p.add_argument("--sequences", type=int, metavar="S",
-                   help="--train-step --model attention: sequences in the batch (default "
-                        f"{TRAIN_SIZE['attention', 'gpu'][2]})")
-    p.add_argument("--chain", action="store_true",
-                   help="time chains of small dependent products, x = tanh(x @ w[i]), in "
-                        "lax.scan and unrolled, per product, instead of single products "
-                        "(default dtypes bfloat16 and float32, precision default)")
-    p.add_argument("--sizes", action="append", metavar="N",
-                   help=f"--chain: the products' size(s), N x N x N (default "
-                        f"{','.join(map(str, CHAIN_SIZES['gpu']))}; "
-                        f"{','.join(map(str, CHAIN_SIZES['cpu']))} on CPU)")
-    p.add_argument("--chain-length", type=int, default=CHAIN_LENGTH, metavar="L",
-                   help=f"--chain: products per chain (default {CHAIN_LENGTH})")
-    p.add_argument("--accuracy", action="store_true",
-                   help="instead of timing, measure each kernel's and jnp.matmul's error "
-                        "against a float64 NumPy product of the same inputs, per dtype, "
-                        "precision, output dtype (16-bit also into float32), input "
-                        "distribution and shape: err = ||out - ref||_F / ||ref||_F, bias = "
-                        "mean(out - ref) / mean(|ref|), on positive (uniform [0.5, 1.5]) and "
-                        "normal inputs; flags rows whose err is more than 1.2x jnp's or whose "
-                        "|bias| is more than 2x jnp's (with tests/test_accuracy.py's room for "
-                        "the output's rounding and for chance). Default shapes: "
-                        f"{', '.join(ACCURACY_SHAPES['gpu'] + WIDE_OUTPUT_SHAPES['gpu'])}"
-                        " (the last for 16-bit into float32 only); on CPU or with --cpu-suite "
-                        f"{', '.join(ACCURACY_SHAPES['cpu'] + WIDE_OUTPUT_SHAPES['cpu'])}")
+    p.add_argument(
+        "--train-step",
+        action="store_true",
+        help="time the training step (forward + VJP of a 2-layer MLP) with "
+        "jnp.matmul and with each kernel, instead of single products "
+        "(default dtype bfloat16, precision default)",
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        help="--train-step: the model (default mlp; attention: a transformer block)",
+    )
+    p.add_argument(
+        "--width",
+        type=int,
+        metavar="W",
+        help="--train-step: the model's width (default: mlp "
+        f"{TRAIN_SIZE['mlp', 'gpu'][0]}, {TRAIN_SIZE['mlp', 'cpu'][0]} on CPU; "
+        f"attention {TRAIN_SIZE['attention', 'gpu'][0]})",
+    )
+    p.add_argument(
+        "--tokens",
+        "--batch-rows",
+        type=int,
+        metavar="T",
+        help="--train-step: tokens per sequence; the MLP's rows of x (default: "
+        f"the width; attention {TRAIN_SIZE['attention', 'gpu'][1]})",
+    )
+    p.add_argument(
+        "--sequences",
+        type=int,
+        metavar="S",
+        help="--train-step --model attention: sequences in the batch (default "
+        f"{TRAIN_SIZE['attention', 'gpu'][2]})",
+    )
+    p.add_argument(
+        "--chain",
+        action="store_true",
+        help="time chains of small dependent products, x = tanh(x @ w[i]), in "
+        "lax.scan and unrolled, per product, instead of single products "
+        "(default dtypes bfloat16 and float32, precision default)",
+    )
+    p.add_argument(
+        "--sizes",
+        action="append",
+        metavar="N",
+        help=f"--chain: the products' size(s), N x N x N (default "
+        f"{','.join(map(str, CHAIN_SIZES['gpu']))}; "
+        f"{','.join(map(str, CHAIN_SIZES['cpu']))} on CPU)",
+    )
+    p.add_argument(
+        "--chain-length",
+        type=int,
+        default=CHAIN_LENGTH,
+        metavar="L",
+        help=f"--chain: products per chain (default {CHAIN_LENGTH})",
+    )
+    p.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="instead of timing, measure each kernel's and jnp.matmul's error "
+        "against a float64 NumPy product of the same inputs, per dtype, "
+        "precision, output dtype (16-bit also into float32), input "
+        "distribution and shape: err = ||out - ref||_F / ||ref||_F, bias = "
+        "mean(out - ref) / mean(|ref|), on positive (uniform [0.5, 1.5]) and "
+        "normal inputs; flags rows whose err is more than 1.2x jnp's or whose "
+        "|bias| is more than 2x jnp's (with tests/test_accuracy.py's room for "
+        "the output's rounding and for chance). Default shapes: "
+        f"{', '.join(ACCURACY_SHAPES['gpu'] + WIDE_OUTPUT_SHAPES['gpu'])}"
+        " (the last for 16-bit into float32 only); on CPU or with --cpu-suite "
+        f"{', '.join(ACCURACY_SHAPES['cpu'] + WIDE_OUTPUT_SHAPES['cpu'])}",
+    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    modes = [flag for flag, on in (("--train-step", args.train_step), ("--chain", args.chain),
-                                   ("--accuracy", args.accuracy)) if on]
+    modes = [
+        flag
+        for flag, on in (
+            ("--train-step", args.train_step),
+            ("--chain", args.chain),
+            ("--accuracy", args.accuracy),
+        )
+        if on
+    ]
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)} are separate runs")
     mode = modes[0] if modes else None
-    if mode in ("--train-step", "--chain") and (args.shapes or args.cpu_suite or args.plot
-                                                 or args.list_shapes):
-        p.error(f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
-                "--list-shapes do not apply")
+    if mode in ("--train-step", "--chain") and (
+        args.shapes or args.cpu_suite or args.plot or args.list_shapes
+    ):
+        p.error(
+            f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
+            "--list-shapes do not apply"
+        )
     if mode == "--accuracy" and (args.quick or args.plot or args.list_shapes):
         p.error("--accuracy times nothing: --quick, --plot and --list-shapes do not apply")
     if not args.train_step and (args.width or args.tokens or args.model or args.sequences):
@@ -153,14 +228,19 @@ def parse_args(argv):
         p.error(f"--sizes takes whole numbers, got {args.sizes}")
     if args.chain_length < 1 or any(v < 1 for v in args.sizes or []):
         p.error("--sizes and --chain-length must be positive")
-    default_dtypes = {"--train-step": ["bfloat16"], "--chain": list(CHAIN_DTYPES),
-                      "--accuracy": ["float32", "bfloat16", "float16"]}.get(mode, ["float32"])
+    default_dtypes = {
+        "--train-step": ["bfloat16"],
+        "--chain": list(CHAIN_DTYPES),
+        "--accuracy": ["float32", "bfloat16", "float16"],
+    }.get(mode, ["float32"])
     args.dtype = _split(args.dtype) or default_dtypes
     args.precision = _split(args.precision)
     args.kernels = _split(args.kernels)
     args.shapes = _split(args.shapes)
-    for value, allowed, what in ((args.dtype, DTYPES, "dtype"),
-                                 (args.precision or [], PRECISIONS, "precision")):
+    for value, allowed, what in (
+        (args.dtype, DTYPES, "dtype"),
+        (args.precision or [], PRECISIONS, "precision"),
+    ):
         bad = [v for v in value if v not in allowed]
         if bad:
             p.error(f"unknown {what} {bad}; choose from {list(allowed)}")
@@ -196,8 +276,12 @@ def select_kernels(parser, requested: list[str] | None, available: list[str]) ->
 def main(argv=None) -> int:
     parser, args = parse_args(argv)
     if args.list_shapes:
-        for title, names in (("GPU suite", GPU_SUITE), ("GPU --quick", GPU_QUICK),
-                             ("CPU suite", CPU_SUITE), ("CPU --quick", CPU_QUICK)):
+        for title, names in (
+            ("GPU suite", GPU_SUITE),
+            ("GPU --quick", GPU_QUICK),
+            ("CPU suite", CPU_SUITE),
+            ("CPU --quick", CPU_QUICK),
+        ):
             print(f"{title}: {' '.join(names)}")
         return 0
     if args.plot:
@@ -217,17 +301,21 @@ def main(argv=None) -> int:
         return accuracy_main(parser, args, on_cpu, info)
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     args.shapes = args.shapes or default_shapes(args, on_cpu)
-    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-          f"{len(args.shapes)} shapes x {args.dtype}; median of {args.repeats}",
-          file=sys.stderr)
+    print(
+        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+        f"{len(args.shapes)} shapes x {args.dtype}; median of {args.repeats}",
+        file=sys.stderr,
+    )
 
     rows = run_all(args, kernels, budget)
     summary = geomeans(rows)
     print(heading(info))
     print(format_table(rows, hbm_gbps(info["device"])))
     if any(r.precision == "high" for r in rows):
-        print("(precision high: ratio against jnp.matmul at precision highest, as "
-              "docs/performance.md says)")
+        print(
+            "(precision high: ratio against jnp.matmul at precision highest, as "
+            "docs/performance.md says)"
+        )
     print()
     print(format_geomeans(summary))
     if args.json:
@@ -250,10 +338,13 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
     args.tokens = args.tokens or tokens or args.width
     args.sequences = args.sequences or sequences
     model, size = step_of(args)
-    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-          f"training step of the {args.model} at width {args.width}, "
-          f"{args.sequences} x {args.tokens} tokens x {args.dtype}; "
-          f"median of {args.repeats}", file=sys.stderr)
+    print(
+        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+        f"training step of the {args.model} at width {args.width}, "
+        f"{args.sequences} x {args.tokens} tokens x {args.dtype}; "
+        f"median of {args.repeats}",
+        file=sys.stderr,
+    )
 
     rows = run_train_steps(args, kernels, budget)
     print(heading(info))
@@ -261,11 +352,21 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
     print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
     print(format_step_table(rows))
     if args.json:
-        write_json(args.json, info, args, rows, train_step={
-            "model_name": args.model, "width": args.width, "tokens": args.tokens,
-            "sequences": args.sequences, "flops_per_step": step_flops(model, size),
-            "model": describe_train_step(model, size),
-            "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}"})
+        write_json(
+            args.json,
+            info,
+            args,
+            rows,
+            train_step={
+                "model_name": args.model,
+                "width": args.width,
+                "tokens": args.tokens,
+                "sequences": args.sequences,
+                "flops_per_step": step_flops(model, size),
+                "model": describe_train_step(model, size),
+                "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
+            },
+        )
         print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "training step")
 
@@ -273,8 +374,10 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
 def _report_failures(rows, what: str) -> int:
     failed = [row for row in rows if row.error]
     for row in failed:
-        print(f"bench: {what} FAILED with {row.kernel} ({row.dtype}, {row.precision}): "
-              f"{row.error}", file=sys.stderr)
+        print(
+            f"bench: {what} FAILED with {row.kernel} ({row.dtype}, {row.precision}): {row.error}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
@@ -285,9 +388,12 @@ def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
 
     kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
     args.sizes = args.sizes or list(CHAIN_SIZES["cpu" if on_cpu else "gpu"])
-    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-          f"chains of {args.chain_length} products, sizes {args.sizes} x {args.dtype}; "
-          f"median of {args.repeats}", file=sys.stderr)
+    print(
+        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+        f"chains of {args.chain_length} products, sizes {args.sizes} x {args.dtype}; "
+        f"median of {args.repeats}",
+        file=sys.stderr,
+    )
 
     rows = run_chains(args, kernels, budget)
     print(heading(info))
@@ -295,10 +401,18 @@ def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
     print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
     print(format_chain_table(rows))
     if args.json:
-        write_json(args.json, info, args, rows, chains={
-            "length": args.chain_length, "sizes": args.sizes,
-            "model": describe_chains(args.chain_length),
-            "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}"})
+        write_json(
+            args.json,
+            info,
+            args,
+            rows,
+            chains={
+                "length": args.chain_length,
+                "sizes": args.sizes,
+                "model": describe_chains(args.chain_length),
+                "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
+            },
+        )
         print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "chain")
 
@@ -311,15 +425,23 @@ def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
 
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     suite = "cpu" if on_cpu or args.cpu_suite else "gpu"
-    print(f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-          f"accuracy of {args.dtype}", file=sys.stderr)
+    print(
+        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
+        f"accuracy of {args.dtype}",
+        file=sys.stderr,
+    )
 
     rows = run_accuracy(args, kernels, suite)
     flagged = sum(bool(row.misses) for row in rows)
     print(f"bench: {flagged} of {len(rows)} rows miss an accuracy target", file=sys.stderr)
     if args.json:
-        write_json(args.json, info, args, None, accuracy={
-            "definitions": DEFINITIONS, "flags": LEGEND, "rows": json_rows(rows)})
+        write_json(
+            args.json,
+            info,
+            args,
+            None,
+            accuracy={"definitions": DEFINITIONS, "flags": LEGEND, "rows": json_rows(rows)},
+        )
         print(f"wrote {args.json}", file=sys.stderr)
     status = _report_failures([row for row in rows if not row.refused], "accuracy")
     print(heading(info))

@@ -36,14 +36,17 @@ def matmul_fn(precision: str, kernel: str, out_dtype: str | None = None):
     the result in out_dtype (preferred_element_type; None: the operands' dtype)."""
     prec = lax.Precision(precision)
     if kernel == PEER:
+
         def mm(a, b):
             return jnp.matmul(a, b, precision=prec, preferred_element_type=out_dtype)
     else:
         import jax_tiled
 
         def mm(a, b):
-            return jax_tiled.matmul(a, b, precision=prec, preferred_element_type=out_dtype,
-                                    kernel=kernel)
+            return jax_tiled.matmul(
+                a, b, precision=prec, preferred_element_type=out_dtype, kernel=kernel
+            )
+
     return mm
 
 
@@ -55,6 +58,7 @@ def relative_distance(x, truth) -> float:
 
 class VersusPeer:
     """A row timed against the peer: it has a kernel, and the peer's rows are PEER."""
+
     kernel: str
 
     @property
@@ -62,13 +66,15 @@ class VersusPeer:
         return self.kernel == PEER
 
 
-def measure_into(row, fn, sets, flops: int, args, budget: Budget, *,
-                 keep_first: bool) -> Timing | None:
+def measure_into(
+    row, fn, sets, flops: int, args, budget: Budget, *, keep_first: bool
+) -> Timing | None:
     """Times fn over the sets into row (ms, TFLOP/s for `flops` per set, samples);
     returns the timing, or None with row.error set when fn fails."""
     try:
-        timing = time_products(fn, sets, repeats=args.repeats, warmup=args.warmup,
-                               budget=budget, keep_first=keep_first)
+        timing = time_products(
+            fn, sets, repeats=args.repeats, warmup=args.warmup, budget=budget, keep_first=keep_first
+        )
     except Exception as exc:  # noqa: BLE001 - an unsupported kernel is a row, not a crash
         row.error = f"{type(exc).__name__}: {exc}"
         return None
@@ -120,8 +126,10 @@ def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
 # HIGHEST, on the operands widened to float32 (float64 stays float64): true fp32
 # on a GPU too, where the peer at DEFAULT runs TF32.
 TRUTH_PRECISION = "highest"
-TRUTH_TEXT = (f"err: relative distance to the truth, the same computation by {PEER} at "
-              f"precision {TRUTH_PRECISION} in float32 (float64 for float64)")
+TRUTH_TEXT = (
+    f"err: relative distance to the truth, the same computation by {PEER} at "
+    f"precision {TRUTH_PRECISION} in float32 (float64 for float64)"
+)
 
 # The tolerance: how far from the truth a result may be whatever the peer's distance.
 # A 16-bit step rounds its intermediates (h, y, the cotangents) to the dtype, where
@@ -134,8 +142,10 @@ AGREEMENT_TOL = {"bfloat16": 3e-2, "float16": 1e-2, "float32": 1e-4, "float64": 
 # the peer's: a peer that is itself off (TF32) widens what ours may be off by, and a
 # kernel that is closer than the peer always passes.
 PEER_ERR_FACTOR = 2.0
-AGREEMENT_TEXT = (f"a kernel's row fails when an err exceeds max(tol, {PEER_ERR_FACTOR:g}x the "
-                  f"err of {PEER} at its peer precision)")
+AGREEMENT_TEXT = (
+    f"a kernel's row fails when an err exceeds max(tol, {PEER_ERR_FACTOR:g}x the "
+    f"err of {PEER} at its peer precision)"
+)
 
 
 def agreement_tolerance(dtype: str, precision: str) -> float:
@@ -151,8 +161,9 @@ def truth_of(fn_of, operands):
     return jax.tree.map(np.asarray, jax.jit(fn_of(TRUTH_PRECISION, PEER))(*widened))
 
 
-def judge_against_truth(row, errs: dict[str, float], peer_errs: dict[str, float] | None,
-                        tolerance: float) -> None:
+def judge_against_truth(
+    row, errs: dict[str, float], peer_errs: dict[str, float] | None, tolerance: float
+) -> None:
     """Records a row's distances to the truth (errs, by quantity), its peer's
     (peer_errs; None for the peer's own row, or when the peer failed) and the
     tolerance; a kernel's row fails, with no ratio and exit status 1, when a
@@ -160,18 +171,25 @@ def judge_against_truth(row, errs: dict[str, float], peer_errs: dict[str, float]
     row.err, row.peer_err, row.tolerance = errs, peer_errs, tolerance
     if row.is_peer:
         return
-    allowed = {name: tolerance if peer_errs is None or not math.isfinite(peer_errs[name])
-               else max(tolerance, PEER_ERR_FACTOR * peer_errs[name]) for name in errs}
+    allowed = {
+        name: tolerance
+        if peer_errs is None or not math.isfinite(peer_errs[name])
+        else max(tolerance, PEER_ERR_FACTOR * peer_errs[name])
+        for name in errs
+    }
     over = [name for name, err in errs.items() if not err <= allowed[name]]  # nan fails too
     if over:
         row.error = "disagrees with the truth: " + "; ".join(
             f"{name} off by {errs[name]:.1e}"
             + ("" if peer_errs is None else f" ({PEER}: {peer_errs[name]:.1e})")
-            + f", allowed {allowed[name]:.1e}" for name in over)
+            + f", allowed {allowed[name]:.1e}"
+            for name in over
+        )
 
 
-def measure_agreeing_with_peers(precisions: list[str], kernels: list[str], measure, errs_of,
-                                truth, progress, label: str) -> list:
+def measure_agreeing_with_peers(
+    precisions: list[str], kernels: list[str], measure, errs_of, truth, progress, label: str
+) -> list:
     """measure_against_peers for rows whose result is checked: measure(precision,
     kernel) returns (row, result or None), errs_of(result, truth) the result's
     relative distance to the truth per quantity, and judge_against_truth decides
@@ -193,8 +211,9 @@ def measure_agreeing_with_peers(precisions: list[str], kernels: list[str], measu
     return measure_against_peers({p: kernels for p in precisions}, one)
 
 
-def kernels_for(dtype: str, precision: str, kernels: list[str], requested: bool,
-                out_dtype: str | None = None) -> list[str]:
+def kernels_for(
+    dtype: str, precision: str, kernels: list[str], requested: bool, out_dtype: str | None = None
+) -> list[str]:
     """The kernels to time on `dtype` at `precision` (into out_dtype; None: dtype):
     without --kernels, only the kernels that compute it (the others would be error
     rows: the tensor-core kernels take float32 at default and high, not highest);

@@ -11,15 +11,18 @@ from jax_tiled.bench.report import device_label
 if TYPE_CHECKING:
     from jax_tiled.bench.products import Row
 
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend, or a clear exit when it is missing."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("python -m jax_tiled.bench: --plot needs matplotlib "
-                         "(pip install matplotlib)") from None
+        raise SystemExit(
+            "python -m jax_tiled.bench: --plot needs matplotlib (pip install matplotlib)"
+        ) from None
     return plt
 
 
@@ -30,8 +33,13 @@ def write_plot(path: str, info: dict, rows: list[Row]) -> None:
     if not panels:
         print("bench: nothing to plot (every row failed)", file=sys.stderr)
         return
-    fig, axes = plt.subplots(len(panels), 1, squeeze=False, layout="constrained",
-                             figsize=(max(8, 0.9 * _max_shapes(panels) + 3), 3.8 * len(panels)))
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        squeeze=False,
+        layout="constrained",
+        figsize=(max(8, 0.9 * _max_shapes(panels) + 3), 3.8 * len(panels)),
+    )
     for ax, ((dtype, precision), prows) in zip(axes[:, 0], panels.items()):
         _plot_panel(ax, prows, precision, f"{dtype}, precision {precision}")
     fig.suptitle(f"jax_tiled vs {PEER} - {device_label(info)} - {info['date'][:16]}")
@@ -46,8 +54,11 @@ def _plot_panels(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
         if not row.is_peer:
             panels.setdefault((row.dtype, row.precision), []).append(row)
     for (dtype, precision), prows in panels.items():
-        prows += [r for r in rows if r.is_peer and r.dtype == dtype
-                  and r.precision == PEER_PRECISION[precision]]
+        prows += [
+            r
+            for r in rows
+            if r.is_peer and r.dtype == dtype and r.precision == PEER_PRECISION[precision]
+        ]
     return panels
 
 

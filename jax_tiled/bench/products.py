@@ -78,12 +78,30 @@ class Row(VersusPeer):
     error: str | None = None
 
 
-def measure_row(shape: Shape, dtype: str, precision: str, kernel: str, sets, ref,
-                args, budget: Budget) -> Row:
-    row = Row(shape.name, shape.batch, shape.m, shape.k, shape.n, shape.transpose, dtype,
-              precision, kernel, len(sets))
-    timing = measure_into(row, product_fn(shape, precision, kernel), sets, shape.flops, args,
-                          budget, keep_first=ref is not None)
+def measure_row(
+    shape: Shape, dtype: str, precision: str, kernel: str, sets, ref, args, budget: Budget
+) -> Row:
+    row = Row(
+        shape.name,
+        shape.batch,
+        shape.m,
+        shape.k,
+        shape.n,
+        shape.transpose,
+        dtype,
+        precision,
+        kernel,
+        len(sets),
+    )
+    timing = measure_into(
+        row,
+        product_fn(shape, precision, kernel),
+        sets,
+        shape.flops,
+        args,
+        budget,
+        keep_first=ref is not None,
+    )
     if timing is None:
         return row
     if shape.skinny:
@@ -95,12 +113,21 @@ def measure_row(shape: Shape, dtype: str, precision: str, kernel: str, sets, ref
 
 def plan(args) -> list[tuple[Shape, str, list[str]]]:
     """(shape, dtype, precisions) in run order."""
-    return [(shape, dtype, precisions_for(dtype, args.precision))
-            for shape in args.shapes for dtype in args.dtype]
+    return [
+        (shape, dtype, precisions_for(dtype, args.precision))
+        for shape in args.shapes
+        for dtype in args.dtype
+    ]
 
 
-def run_shape(shape: Shape, dtype: str, kernels: dict[str, list[str]], args, budget: Budget,
-              progress: Progress) -> list[Row]:
+def run_shape(
+    shape: Shape,
+    dtype: str,
+    kernels: dict[str, list[str]],
+    args,
+    budget: Budget,
+    progress: Progress,
+) -> list[Row]:
     """Rows for one shape and dtype; `kernels` maps each precision to its kernels."""
     n_sets = choose_sets(shape.input_bytes(np.dtype(dtype).itemsize), budget)
     sets = make_inputs(shape, jnp.dtype(dtype), n_sets, args.seed)
@@ -118,11 +145,14 @@ def run_shape(shape: Shape, dtype: str, kernels: dict[str, list[str]], args, bud
 
 def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
     requested = args.kernels is not None
-    work = [(shape, dtype, {p: kernels_for(dtype, p, kernels, requested) for p in precisions})
-            for shape, dtype, precisions in plan(args)]
+    work = [
+        (shape, dtype, {p: kernels_for(dtype, p, kernels, requested) for p in precisions})
+        for shape, dtype, precisions in plan(args)
+    ]
     rows = []
-    with Progress(sum(count_rows(ks) for _, _, ks in work),
-                  enabled=not args.no_progress) as progress:
+    with Progress(
+        sum(count_rows(ks) for _, _, ks in work), enabled=not args.no_progress
+    ) as progress:
         for shape, dtype, precision_kernels in work:
             rows += run_shape(shape, dtype, precision_kernels, args, budget, progress)
             jax.clear_caches()

@@ -14,6 +14,7 @@ class Progress:
         if enabled:
             try:
                 from tqdm import tqdm
+
                 self._bar = tqdm(total=total, unit="row", file=sys.stderr, dynamic_ncols=True)
             except ImportError:
                 pass

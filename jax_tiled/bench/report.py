@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from jax_tiled.bench.train_step import StepRow
 
 # Peak memory bandwidth (GB/s) by device_kind substring, for the %-of-HBM note.
-HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
-            "A100": 1555}
+HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039, "A100": 1555}
 
 
 def geomeans(rows: list[Row]) -> list[dict]:
@@ -36,10 +35,18 @@ def geomeans(rows: list[Row]) -> list[dict]:
     summary = []
     for (dtype, precision, kernel), group in groups.items():
         r = [row.ratio for row in group if row.ratio]
-        summary.append({"dtype": dtype, "precision": precision, "kernel": kernel, "n": len(r),
-                        "failed": sum(row.error is not None for row in group),
-                        "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
-                        "min": min(r) if r else None, "below_0.8": sum(x < 0.8 for x in r)})
+        summary.append(
+            {
+                "dtype": dtype,
+                "precision": precision,
+                "kernel": kernel,
+                "n": len(r),
+                "failed": sum(row.error is not None for row in group),
+                "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
+                "min": min(r) if r else None,
+                "below_0.8": sum(x < 0.8 for x in r),
+            }
+        )
     return summary
 
 
@@ -58,8 +65,19 @@ def _gbps_cells(row: Row, hbm: float | None) -> tuple[str, str]:
 
 
 def format_table(rows: list[Row], hbm: float | None) -> str:
-    head = ("shape", "dtype", "precision", "kernel", "sets", "ms", "TFLOP/s", "GB/s", "%HBM",
-            "x peer", "rel.err")
+    head = (
+        "shape",
+        "dtype",
+        "precision",
+        "kernel",
+        "sets",
+        "ms",
+        "TFLOP/s",
+        "GB/s",
+        "%HBM",
+        "x peer",
+        "rel.err",
+    )
     return _text_table(head, rows, lambda row: _row_cells(row, hbm), left=4)
 
 
@@ -68,8 +86,9 @@ def _check_cells(head: tuple[str, ...], cells: tuple[str, ...]) -> None:
     whitespace, so that splitting a line on whitespace gives each column where the
     header has it (tests and scripts read the tables so)."""
     if len(cells) != len(head):
-        raise ValueError(f"table row has {len(cells)} cells against {len(head)} columns "
-                         f"{head}: {cells}")
+        raise ValueError(
+            f"table row has {len(cells)} cells against {len(head)} columns {head}: {cells}"
+        )
     bad = [c for c in cells if not c or any(ch.isspace() for ch in c)]
     if bad:
         raise ValueError(f"table cells must be non-empty words: {bad} in {cells}")
@@ -82,21 +101,22 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
     for row in rows:
         row_cells = tuple(cells_of(row))
         if row.error:  # its numbers are none, and its error is prose after them
-            row_cells = row_cells[:left + 1] + ("",) * (len(head) - left - 1)
+            row_cells = row_cells[: left + 1] + ("",) * (len(head) - left - 1)
         else:
             _check_cells(head, row_cells)
         cells[id(row)] = row_cells
     widths = [max(len(c[i]) for c in (head, *cells.values())) for i in range(len(head))]
 
     def line(values):
-        return "  ".join(v.ljust(w) if i < left else v.rjust(w)
-                         for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+        return "  ".join(
+            v.ljust(w) if i < left else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths))
+        ).rstrip()
 
     out = [line(head), line(["-" * w for w in widths])]
     for row in rows:
         if row.error:
             message = row.error.splitlines()[0][:100]
-            out.append(f"{line(cells[id(row)][:left + 1])}  ERROR {message}")
+            out.append(f"{line(cells[id(row)][: left + 1])}  ERROR {message}")
         else:
             out.append(line(cells[id(row)]))
     return "\n".join(out)
@@ -105,8 +125,13 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
 def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
     lead = (row.shape, row.dtype, row.precision, row.kernel, str(row.sets))
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
-    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), *_gbps_cells(row, hbm),
-                   ratio, _fmt(row.rel_error, ".1e"))
+    return lead + (
+        _fmt(row.ms, ".4f"),
+        _fmt(row.tflops, ".3f"),
+        *_gbps_cells(row, hbm),
+        ratio,
+        _fmt(row.rel_error, ".1e"),
+    )
 
 
 def _err_heads(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -116,76 +141,138 @@ def _err_heads(names: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _err_cells(row, names: tuple[str, ...]) -> tuple[str, ...]:
-    return (*(_fmt(errs and errs[name], ".1e") for name in names
-              for errs in (row.err, row.peer_err)), _fmt(row.tolerance, ".0e"))
+    return (
+        *(_fmt(errs and errs[name], ".1e") for name in names for errs in (row.err, row.peer_err)),
+        _fmt(row.tolerance, ".0e"),
+    )
 
 
 CHAIN_ERRS = ("x",)
 
 
 def format_chain_table(rows: list[ChainRow]) -> str:
-    head = ("form", "size", "dtype", "precision", "kernel", "sets", "us/product", "TFLOP/s",
-            "x peer", *_err_heads(CHAIN_ERRS))
+    head = (
+        "form",
+        "size",
+        "dtype",
+        "precision",
+        "kernel",
+        "sets",
+        "us/product",
+        "TFLOP/s",
+        "x peer",
+        *_err_heads(CHAIN_ERRS),
+    )
     return _text_table(head, rows, _chain_cells, left=5)
 
 
 def _chain_cells(row: ChainRow) -> tuple[str, ...]:
     lead = (row.form, str(row.size), row.dtype, row.precision, row.kernel, str(row.sets))
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
-    return lead + (_fmt(row.us_per_product, ".2f"), _fmt(row.tflops, ".3f"), ratio,
-                   *_err_cells(row, CHAIN_ERRS))
+    return lead + (
+        _fmt(row.us_per_product, ".2f"),
+        _fmt(row.tflops, ".3f"),
+        ratio,
+        *_err_cells(row, CHAIN_ERRS),
+    )
 
 
 STEP_ERRS = ("loss", "grad")
 
 
 def format_step_table(rows: list[StepRow]) -> str:
-    head = ("dtype", "precision", "kernel", "sets", "ms/step", "TFLOP/s", "x peer", "loss",
-            *_err_heads(STEP_ERRS))
+    head = (
+        "dtype",
+        "precision",
+        "kernel",
+        "sets",
+        "ms/step",
+        "TFLOP/s",
+        "x peer",
+        "loss",
+        *_err_heads(STEP_ERRS),
+    )
     return _text_table(head, rows, _step_cells, left=3)
 
 
 def _step_cells(row: StepRow) -> tuple[str, ...]:
     lead = (row.dtype, row.precision, row.kernel, str(row.sets))
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
-    return lead + (_fmt(row.ms, ".4f"), _fmt(row.tflops, ".3f"), ratio, _fmt(row.loss, ".5g"),
-                   *_err_cells(row, STEP_ERRS))
+    return lead + (
+        _fmt(row.ms, ".4f"),
+        _fmt(row.tflops, ".3f"),
+        ratio,
+        _fmt(row.loss, ".5g"),
+        *_err_cells(row, STEP_ERRS),
+    )
 
 
 def format_accuracy_table(rows: list[AccuracyRow]) -> str:
-    head = ("shape", "dtype", "out", "precision", "inputs", "kernel", "err", "jnp.err",
-            "err/jnp", "bias", "jnp.bias", "|bias|/jnp", "flag")
+    head = (
+        "shape",
+        "dtype",
+        "out",
+        "precision",
+        "inputs",
+        "kernel",
+        "err",
+        "jnp.err",
+        "err/jnp",
+        "bias",
+        "jnp.bias",
+        "|bias|/jnp",
+        "flag",
+    )
     return _text_table(head, rows, _accuracy_cells, left=6)
 
 
 def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
     flag = "ok" if not row.misses else "+".join(m.upper() for m in row.misses)
-    return (row.shape, row.dtype, row.out_dtype, row.precision, row.inputs, row.kernel,
-            _fmt(row.err, ".2e"), _fmt(row.peer_err, ".2e"), _fmt(row.err_ratio, ".2f"),
-            _fmt(row.bias, "+.1e"), _fmt(row.peer_bias, "+.1e"), _fmt(row.bias_ratio, ".2f"),
-            flag)
+    return (
+        row.shape,
+        row.dtype,
+        row.out_dtype,
+        row.precision,
+        row.inputs,
+        row.kernel,
+        _fmt(row.err, ".2e"),
+        _fmt(row.peer_err, ".2e"),
+        _fmt(row.err_ratio, ".2f"),
+        _fmt(row.bias, "+.1e"),
+        _fmt(row.peer_bias, "+.1e"),
+        _fmt(row.bias_ratio, ".2f"),
+        flag,
+    )
 
 
 def format_geomeans(summary: list[dict]) -> str:
     out = ["geometric mean of ratios (peer time / kernel time):"]
     for g in summary:
-        out.append(f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
-                   f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
-                   f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
-                   + (f", {g['failed']} failed" if g["failed"] else ""))
+        out.append(
+            f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
+            f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
+            f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
+            + (f", {g['failed']} failed" if g["failed"] else "")
+        )
     return "\n".join(out)
 
 
 def device_info() -> dict:
     device = jax.devices()[0]
-    info = {"device": device.device_kind, "platform": device.platform,
-            "device_count": jax.device_count(), "jax_version": jax.__version__,
-            "jaxlib_version": _jaxlib_version(),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "python": host_platform.python_version(), "cpu": _cpu_model(),
-            "cpu_count": os.cpu_count()}
+    info = {
+        "device": device.device_kind,
+        "platform": device.platform,
+        "device_count": jax.device_count(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": _jaxlib_version(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "python": host_platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         import jax_tiled
+
         info["jax_tiled_version"] = jax_tiled.__version__
     except Exception:  # noqa: BLE001
         pass
@@ -195,6 +282,7 @@ def device_info() -> dict:
 def _jaxlib_version() -> str | None:
     try:
         import jaxlib
+
         return jaxlib.__version__
     except Exception:  # noqa: BLE001
         return None
@@ -237,8 +325,12 @@ def write_json(path: str, info: dict, args, rows: list | None, **sections) -> No
     nothing, such as --accuracy, whose rows are in its section) and the sections."""
     doc = {**info, "argv": args.argv}
     if rows is not None:
-        doc.update(repeats=args.repeats, warmup=args.warmup, peer_precision=PEER_PRECISION,
-                   rows=json_rows(rows))
+        doc.update(
+            repeats=args.repeats,
+            warmup=args.warmup,
+            peer_precision=PEER_PRECISION,
+            rows=json_rows(rows),
+        )
     doc.update(sections)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

@@ -5,17 +5,46 @@ from __future__ import annotations
 import dataclasses
 import re
 
-GPU_SUITE = ("512^3", "1024^3", "2048^3", "4096^3", "8192^3", "1000x800x1200",
-             "4096x4096x128", "128x4096x4096", "16x8192x8192", "8192x128x8192",
-             "4096x14336x4096", "b32x512x64x512", "b8x2048^3",
-             "4096^3-tA", "4096^3-tB", "8192^3-tA", "8192^3-tB")
+GPU_SUITE = (
+    "512^3",
+    "1024^3",
+    "2048^3",
+    "4096^3",
+    "8192^3",
+    "1000x800x1200",
+    "4096x4096x128",
+    "128x4096x4096",
+    "16x8192x8192",
+    "8192x128x8192",
+    "4096x14336x4096",
+    "b32x512x64x512",
+    "b8x2048^3",
+    "4096^3-tA",
+    "4096^3-tB",
+    "8192^3-tA",
+    "8192^3-tB",
+)
 GPU_QUICK = ("1024^3", "4096^3", "1000x800x1200", "4096x4096x128")
 # The CPU target's shapes (squares 256-4096, skinny, batched) and the layouts
 # the kernel reads through its transpose flags.
-CPU_SUITE = ("256^3", "512^3", "1024^3", "2048^3", "4096^3", "1000x800x1200",
-             "8192x64x8192", "96x4096x4096", "2048x2048x128", "128x2048x2048",
-             "16x2048x2048", "2048x128x2048", "b32x512x64x512", "b8x384x256x384",
-             "1024^3-tA", "1024^3-tB")
+CPU_SUITE = (
+    "256^3",
+    "512^3",
+    "1024^3",
+    "2048^3",
+    "4096^3",
+    "1000x800x1200",
+    "8192x64x8192",
+    "96x4096x4096",
+    "2048x2048x128",
+    "128x2048x2048",
+    "16x2048x2048",
+    "2048x128x2048",
+    "b32x512x64x512",
+    "b8x384x256x384",
+    "1024^3-tA",
+    "1024^3-tB",
+)
 CPU_QUICK = ("256^3", "512^3", "1024^3", "1000x800x1200")
 
 SKINNY = 128
@@ -68,8 +97,9 @@ _SHAPE_RE = re.compile(r"^(?:b(\d+)x)?(?:(\d+)\^3|(\d+)x(\d+)x(\d+))(?:-(tA|tB))
 def parse_shape(text: str) -> Shape:
     match = _SHAPE_RE.match(text.strip())
     if not match:
-        raise ValueError(f"bad shape {text!r}: use e.g. 4096^3, 1000x800x1200, "
-                         "b32x512x64x512, 8192^3-tA")
+        raise ValueError(
+            f"bad shape {text!r}: use e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA"
+        )
     batch, cube, m, k, n, transpose = match.groups()
     m, k, n = (int(cube),) * 3 if cube else (int(m), int(k), int(n))
     transpose = {"ta": "tA", "tb": "tB"}.get((transpose or "").lower(), "")

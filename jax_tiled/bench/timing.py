@@ -25,10 +25,11 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """How many input pairs to rotate through, per backend."""
-    max_bytes: int      # inputs of all pairs of one shape stay under this
-    target_bytes: int   # ... and reach this, if max_sets allows, to overflow caches
+
+    max_bytes: int  # inputs of all pairs of one shape stay under this
+    target_bytes: int  # ... and reach this, if max_sets allows, to overflow caches
     max_sets: int
-    sample_s: float     # pipeline calls until a sample lasts about this long
+    sample_s: float  # pipeline calls until a sample lasts about this long
     max_calls: int = 64
 
 
@@ -51,14 +52,15 @@ def random_sets(shapes, dtype, n_sets: int, seed: int) -> list[tuple]:
 
 @dataclasses.dataclass
 class Timing:
-    seconds: float           # median per product
-    samples: list[float]     # per-product seconds of each sample
-    calls: int               # jitted calls pipelined per sample
+    seconds: float  # median per product
+    samples: list[float]  # per-product seconds of each sample
+    calls: int  # jitted calls pipelined per sample
     first: np.ndarray | None  # fn's output on the first set (NumPy leaves), when asked for
 
 
-def time_products(fn, sets, *, repeats: int, warmup: int, budget: Budget,
-                  keep_first: bool) -> Timing:
+def time_products(
+    fn, sets, *, repeats: int, warmup: int, budget: Budget, keep_first: bool
+) -> Timing:
     """Median per-set wall time of one jitted function applying fn to every set
     of operands (a product's pair, or a training step's arrays).
     Calls are pipelined (dispatched back to back, blocked on once) until a sample
@@ -71,11 +73,16 @@ def time_products(fn, sets, *, repeats: int, warmup: int, budget: Budget,
     elapsed = budget.sample_s
     for _ in range(max(1, warmup)):
         elapsed = pipelined_seconds(run, (sets,), calls=1)
-    calls = min(budget.max_calls, math.ceil(budget.sample_s / max(elapsed, 1e-9)),
-                budget.max_bytes // max(out_bytes, 1))
+    calls = min(
+        budget.max_calls,
+        math.ceil(budget.sample_s / max(elapsed, 1e-9)),
+        budget.max_bytes // max(out_bytes, 1),
+    )
     calls = max(1, calls)
-    samples = [seconds / len(sets)
-               for seconds in pipelined_samples(run, (sets,), calls=calls, repeats=repeats)]
+    samples = [
+        seconds / len(sets)
+        for seconds in pipelined_samples(run, (sets,), calls=calls, repeats=repeats)
+    ]
     return Timing(statistics.median(samples), samples, calls, first)
 
 

@@ -43,7 +43,8 @@ b = jax.random.normal(jax.random.key(1), shape, jnp.float32)
 jax.block_until_ready((a, b))
 events = collections.Counter()
 jax.monitoring.register_event_duration_secs_listener(
-    lambda event, duration, **kwargs: events.update([event]))
+    lambda event, duration, **kwargs: events.update([event])
+)
 
 f(a, b).block_until_ready()
 compiles = events[COMPILE]
@@ -53,5 +54,13 @@ with open("/proc/self/clear_refs", "w") as refs:
 base = status("VmRSS:")
 c = f(a, b).block_until_ready()
 peak = status("VmHWM:")
-print(json.dumps({"compiles": compiles, "recompiles": events[COMPILE] - compiles,
-                  "peak_mib": (peak - base) / 2**20, "out_mib": c.nbytes / 2**20}))
+print(
+    json.dumps(
+        {
+            "compiles": compiles,
+            "recompiles": events[COMPILE] - compiles,
+            "peak_mib": (peak - base) / 2**20,
+            "out_mib": c.nbytes / 2**20,
+        }
+    )
+)

@@ -40,29 +40,45 @@ def precisions(kernel: str, dtype, problem) -> list:
     tensor-core kernels; none where the kernel refuses the problem."""
     if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, lax.Precision.HIGHEST):
         return [lax.Precision.HIGHEST]
-    return [p for p in (lax.Precision.DEFAULT, lax.Precision.HIGH)
-            if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, p)]
+    return [
+        p
+        for p in (lax.Precision.DEFAULT, lax.Precision.HIGH)
+        if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, p)
+    ]
 
 
 def run_kernel(kernel: str) -> None:
     rng = np.random.default_rng(0)
     cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES] + [
-        (LARGE_SHAPE, np.float32), (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16)]
+        (LARGE_SHAPE, np.float32),
+        (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16),
+    ]
     layouts = list(itertools.product((False, True), repeat=2))
-    cases = [((m, k, n), dtype, ta, tb, precision)
-             for (m, k, n), dtype in cases for ta, tb in layouts
-             for precision in precisions(kernel, dtype, (1, 1, m, n, k, ta, tb))]
+    cases = [
+        ((m, k, n), dtype, ta, tb, precision)
+        for (m, k, n), dtype in cases
+        for ta, tb in layouts
+        for precision in precisions(kernel, dtype, (1, 1, m, n, k, ta, tb))
+    ]
     with jax.enable_x64(True):
         for (m, k, n), dtype, ta, tb, precision in cases:
             a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
             b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
             out = jax_tiled.tiled_matmul_p.bind(
-                jnp.asarray(a)[None], jnp.asarray(b)[None], transpose_a=ta, transpose_b=tb,
-                out_dtype=np.dtype(dtype), precision=precision, kernel=kernel)[0]
+                jnp.asarray(a)[None],
+                jnp.asarray(b)[None],
+                transpose_a=ta,
+                transpose_b=tb,
+                out_dtype=np.dtype(dtype),
+                precision=precision,
+                kernel=kernel,
+            )[0]
             ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
             tf32 = np.dtype(dtype) == np.float32 and precision == lax.Precision.DEFAULT
             tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 5e-3 if tf32 else 1e-5
-            np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(k))
+            np.testing.assert_allclose(
+                np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(k)
+            )
     assert cases, f"no case runs on {kernel}"
     print(f"{kernel}: {len(cases)} products correct")
 
@@ -72,8 +88,14 @@ def run_racy() -> None:
     a = jnp.asarray(rng.standard_normal((1, 64, 200)).astype(np.float32))
     b = jnp.asarray(rng.standard_normal((1, 200, 64)).astype(np.float32))
     call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 64, 64), jnp.float32))
-    out = call(a, b, transpose_a=np.bool_(False), transpose_b=np.bool_(False),
-               precision=np.int32(2), kernel="smem_racy_for_testing")
+    out = call(
+        a,
+        b,
+        transpose_a=np.bool_(False),
+        transpose_b=np.bool_(False),
+        precision=np.int32(2),
+        kernel="smem_racy_for_testing",
+    )
     jax.block_until_ready(out)
     print("racy kernel ran (racecheck should have reported hazards above)")
 
