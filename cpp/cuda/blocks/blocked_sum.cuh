@@ -31,6 +31,11 @@ inline constexpr int kRoundedSumDepth = 128;
 // K per partial sum on the tensor cores, where the truncation of each
 // addition leans one way and so grows with the partial's depth: shallower.
 inline constexpr int kTruncatedSumDepth = 64;
+// The same for one TF32 pass on wgmma, where each partial sum ends in a
+// drain of the wgmma queue: the operands' rounding to TF32 (a random 2^-11
+// of every product) outweighs the truncation's lean until partials far
+// deeper than 64, so fewer, deeper partials cost no accuracy there.
+inline constexpr int kTf32TruncatedSumDepth = 256;
 
 // Whether `threads_per_sm` threads (the block times the blocks that must fit
 // on an SM) can each hold two sets of `accumulators` 4-byte accumulators and
