@@ -70,7 +70,7 @@ struct WgmmaConfig {
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
   // Whether a consumer's registers hold a second set of accumulators, for
   // blocked sums (blocked_sum.cuh): 128-wide tiles yes, 256-wide ones no.
-  static constexpr bool kRoomForBlockedSum = 2 * (kBlockN / 2) + 64 <= kConsumerRegisters;
+  static constexpr bool kRoomForBlockedSum = RoomForTwoSets(kBlockN / 2, kConsumerRegisters);
 };
 
 // 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
