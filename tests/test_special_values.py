@@ -55,9 +55,9 @@ SUB = {F32: 1e-40, BF16: 1e-40, F16: 1e-6, F64: 1e-310}
 
 
 # The largest float32 that TF32 rounding leaves finite: (2 - 2^-10) * 2^127.
-# At DEFAULT the `wgmma` kernel's shared-memory operand is rounded to TF32 by
-# the copy engine, which takes the float32 values above it (within half a TF32
-# step of the limit) to inf (README, "Special values";
+# At DEFAULT the `wgmma` kernel rounds both operands to TF32 (the copy engine
+# one, its consumers' cvt the other), which takes the float32 values above it
+# (within half a TF32 step of the limit) to inf (README, "Special values";
 # test_default_rounds_the_top_of_float32_to_inf_on_wgmma).
 TF32_MAX = float(np.uint32(0x7F7FE000).view(np.float32))
 
@@ -257,23 +257,28 @@ def test_special_values_under_grad_jvp_and_vmap(platform, rng, precision):
 
 @pytest.mark.gpu
 def test_default_rounds_the_top_of_float32_to_inf_on_wgmma(rng, on_gpu):
-    """The one documented corner (README, "Special values"): at DEFAULT the
-    copy engine rounds `wgmma`'s shared-memory operand to the nearest TF32,
-    so a float32 within half a TF32 step of the limit reads as inf there;
-    every other kernel, and `wgmma` at HIGH, keeps it finite."""
+    """The one documented corner (README, "Special values"): at DEFAULT
+    `wgmma` rounds both operands to the nearest TF32, so a float32 within half
+    a TF32 step of the limit reads as inf there, in a (row 5 of the result)
+    and in b (column 9); every other kernel, and `wgmma` at HIGH, keeps it
+    finite."""
     m, k, n = 128, 64, 136
     fmax = float(jnp.finfo(F32).max)
     a = rng.uniform(0.5, 1.0, (m, k)).astype(F32)
     b = rng.uniform(0.5, 1.0, (k, n)).astype(F32) / k
     a[5, 7] = fmax
     b[7, :] = 0.25
-    assert a[5, 7] > TF32_MAX
+    b[3, 9] = fmax
+    a[:, 3] = 0.25
+    assert a[5, 7] > TF32_MAX and b[3, 9] > TF32_MAX
+    rounded_up = np.zeros((m, n), bool)
+    rounded_up[5, :] = rounded_up[:, 9] = True
     for kernel in kernels_on(
         "cuda", F32, F32, problem=(1, 1, m, n, k, False, False), precision="default"
     ):
         out = np.asarray(jax_tiled.matmul(a, b, precision="default", kernel=kernel))
-        if kernel in ("wgmma", "auto"):  # C^T = B^T A^T: a is read from shared memory
-            assert np.isposinf(out[5]).all() and np.isfinite(np.delete(out, 5, 0)).all()
+        if kernel in ("wgmma", "auto"):
+            assert np.isposinf(out[rounded_up]).all() and np.isfinite(out[~rounded_up]).all()
         else:
             assert np.isfinite(out).all(), kernel
     out = np.asarray(jax_tiled.matmul(a, b, precision="high", kernel="wgmma"))

@@ -31,14 +31,25 @@ inline constexpr int kRoundedSumDepth = 128;
 // K per partial sum on the tensor cores, where the truncation of each
 // addition leans one way and so grows with the partial's depth: shallower.
 inline constexpr int kTruncatedSumDepth = 64;
+// The same for one TF32 pass on wgmma, where each partial sum ends in a
+// drain of the wgmma queue: the operands' rounding to TF32 (a random 2^-11
+// of every product) outweighs the truncation's lean until partials far
+// deeper than 64, so fewer, deeper partials cost no accuracy there.
+inline constexpr int kTf32TruncatedSumDepth = 256;
 
-// Whether `threads_per_sm` threads (the block times the blocks that must fit
-// on an SM) can each hold two sets of `accumulators` 4-byte accumulators and
-// the 64 or so registers a mainloop needs besides: the register file is 64K
-// registers per SM, at most 255 per thread.
+// Whether a thread with `registers` registers can hold two sets of
+// `accumulators` 4-byte accumulators and the 64 or so registers a mainloop
+// needs besides.
+constexpr bool RoomForTwoSets(int accumulators, int registers) {
+  return 2 * accumulators + 64 <= registers;
+}
+
+// The same for `threads_per_sm` threads (the block times the blocks that
+// must fit on an SM) sharing the register file: 64K registers per SM, at
+// most 255 per thread.
 constexpr bool RoomForBlockedSum(int accumulators, int threads_per_sm) {
   const int budget = 65536 / threads_per_sm < 255 ? 65536 / threads_per_sm : 255;
-  return 2 * accumulators + 64 <= budget;
+  return RoomForTwoSets(accumulators, budget);
 }
 
 // Elementwise over accumulator arrays of any rank: total += partial, partial = 0.

@@ -26,7 +26,11 @@
 // float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
 // TF32 operands are rounded to nearest, never truncated: the copy engine
 // rounds the shared-memory operand as it lands (a TFLOAT32 tensor map), and
-// the consumers round the register operand (RoundToTf32).
+// the consumers round the register operand the same way with one cvt
+// (CvtRnaTf32): both take the float32 values within half a TF32 step of the
+// limit to inf (README, "Special values"); guarding against that in the
+// consumers' conversions was five more instructions an element on the
+// path that converts every A element (NOTES.md, "Long sums").
 // Its A operand may come from registers instead, loaded by the consumers from
 // the swizzled tile in whatever layout it arrived (ElementOffset), so:
 // - B stored K-major (transpose_b): A from registers, either layout;
@@ -66,7 +70,7 @@ struct WgmmaConfig {
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
   // Whether a consumer's registers hold a second set of accumulators, for
   // blocked sums (blocked_sum.cuh): 128-wide tiles yes, 256-wide ones no.
-  static constexpr bool kRoomForBlockedSum = 2 * (kBlockN / 2) + 64 <= kConsumerRegisters;
+  static constexpr bool kRoomForBlockedSum = RoomForTwoSets(kBlockN / 2, kConsumerRegisters);
 };
 
 // 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
@@ -127,7 +131,7 @@ struct AFragments<Ops, kSteps, true> {
         const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
         const float x = *reinterpret_cast<const float*>(tile + Tile::ElementOffset(row, k));
         if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);
-        else hi[step][i] = RoundToTf32(x);
+        else hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
       }
   }
 
@@ -266,12 +270,13 @@ struct WgmmaConsumer {
   using Tiles = typename Stages::Tiles;
   using A = AFragments<Ops, Tiles::kSteps>;
 
-  // One pass sums each kTruncatedSumDepth of K into `partial` first where
-  // the registers allow; 3xTF32 sums each slab there (tf32.cuh). Either way
+  // One pass sums each kPartialDepth of K into `partial` first where the
+  // registers allow (blocked_sum.cuh); 3xTF32 sums each slab there (tf32.cuh). Either way
   // acc collects the partial sums with rounded float adds.
   static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
-  static constexpr int kSlabsPerPartial = kBlocked ? kTruncatedSumDepth / Tiles::kSlab : 1;
-  static_assert(kTruncatedSumDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
+  static constexpr int kPartialDepth = Ops::kTf32 ? kTf32TruncatedSumDepth : kTruncatedSumDepth;
+  static constexpr int kSlabsPerPartial = kBlocked ? kPartialDepth / Tiles::kSlab : 1;
+  static_assert(kPartialDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
 
   float acc[Cfg::kBlockN / 2];
   float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
