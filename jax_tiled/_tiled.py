@@ -55,7 +55,7 @@ def tiled(fn: F) -> F:
     inside pytree arguments) are traced, every other argument is passed as it
     is. `fn` should not mutate state it keeps outside its arguments and result
     (a Flax NNX module whose call updates batch statistics or RNG counts:
-    route a function of `nnx.split`'s state instead, see the README); as with
+    route a function of `nnx.split`'s state instead, see docs/usage.md); as with
     `jax.jit`, pytree arguments are copies whose updates are lost.
     Outside `jit` each call traces `fn` again; wrap it in `jax.jit` for speed.
     """

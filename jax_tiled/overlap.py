@@ -10,7 +10,7 @@
 The setting is read when a function holding `tiled_matmul` is lowered, and is
 part of `jax.jit`'s cache key (through `jax.make_user_context`), so changing it
 retraces and recompiles rather than reusing a program built under the other
-value. What each layout does with it: README, section "Sharding".
+value. What each layout does with it: docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Settings:
 
 
 # A jit-cache-sensitive context where jax has one; on a jax without it a plain
-# global, with the caveat the README states.
+# global, with the caveat docs/sharding.md states.
 _make = getattr(jax, "make_user_context", None)
 _context = _make(Settings()) if _make is not None else None
 _fallback = [Settings()]

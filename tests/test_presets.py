@@ -161,11 +161,9 @@ def test_what_runs_on_cpu():
 
 # How far above jnp's error a preset may be: 2x plus one float32 rounding
 # where both compute exact fp32 and differ in the order of summation. Two
-# CUDA presets are further off, measured on an H100 at K = 1000 (129 x 1000 x
-# 65): BF16_BF16_F32_X6 runs as 3xTF32, 2.4e-7 against the six bfloat16
-# passes' 8.2e-8 (3.0x), and F32_F32_F32 on the SIMT kernels, 5.6e-7 against
-# cuBLAS's 1.6e-7 (3.4x). Fused emulation kernels and a more accurate fp32
-# kernel are not built yet (README, "Presets").
+# CUDA presets are further off: BF16_BF16_F32_X6, run as 3xTF32 against six
+# bfloat16 passes, and F32_F32_F32 on the SIMT kernels against cuBLAS (the
+# measurements: docs/precision.md, "The tests' tolerances for presets").
 ACCURACY_FACTOR = {("cuda", Preset.BF16_BF16_F32_X6): 4, ("cuda", Preset.F32_F32_F32): 4}
 
 

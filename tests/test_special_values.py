@@ -6,7 +6,7 @@ One product carries every case in its own rows and columns, placed in
 different tiles: +-inf and NaN in either operand, a finite product that
 overflows, operands at the dtype's largest finite value (which a split into
 high and low parts must not overflow), rows of tiny normal values, and rows of
-subnormal values, which a kernel may flush to zero (README: "Special values").
+subnormal values, which a kernel may flush to zero (docs/precision.md, "Special values").
 
 The kind of each element is checked against `jnp.matmul` at HIGHEST with a
 float32 (float64) accumulator on the same backend, cast to the output dtype;
@@ -57,7 +57,7 @@ SUB = {F32: 1e-40, BF16: 1e-40, F16: 1e-6, F64: 1e-310}
 # The largest float32 that TF32 rounding leaves finite: (2 - 2^-10) * 2^127.
 # At DEFAULT the `wgmma` kernel rounds both operands to TF32 (the copy engine
 # one, its consumers' cvt the other), which takes the float32 values above it
-# (within half a TF32 step of the limit) to inf (README, "Special values";
+# (within half a TF32 step of the limit) to inf (docs/precision.md, "Special values";
 # test_default_rounds_the_top_of_float32_to_inf_on_wgmma).
 TF32_MAX = float(np.uint32(0x7F7FE000).view(np.float32))
 
@@ -257,7 +257,7 @@ def test_special_values_under_grad_jvp_and_vmap(platform, rng, precision):
 
 @pytest.mark.gpu
 def test_default_rounds_the_top_of_float32_to_inf_on_wgmma(rng, on_gpu):
-    """The one documented corner (README, "Special values"): at DEFAULT
+    """The one documented corner (docs/precision.md, "Special values"): at DEFAULT
     `wgmma` rounds both operands to the nearest TF32, so a float32 within half
     a TF32 step of the limit reads as inf there, in a (row 5 of the result)
     and in b (column 9); every other kernel, and `wgmma` at HIGH, keeps it

@@ -360,7 +360,7 @@ def test_flax_nnx_module_and_its_state():
     assert_routed(jax_tiled.tiled(block), x)
 
     # A call that updates state (batch statistics in training): route a
-    # function of the module's state, as the README shows.
+    # function of the module's state, as docs/usage.md shows.
     block.train()
     graphdef, state = nnx.split(block)
 
