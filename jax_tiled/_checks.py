@@ -25,6 +25,8 @@ from jax_tiled._ffi import PRECISION_CODES
 PrecisionLike = Any
 # What `preferred_element_type=` takes: None or anything np.dtype takes.
 DTypeLike = Any
+# What `out_sharding=` takes, as jnp.matmul and lax.dot_general take it.
+ShardingLike = jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None
 
 _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 

@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from jax_tiled import _checks
-from jax_tiled._checks import DTypeLike, PrecisionLike
+from jax_tiled._checks import DTypeLike, PrecisionLike, ShardingLike
 from jax_tiled._compat import inline_jit
 from jax_tiled._primitive import tiled_matmul
 
@@ -47,7 +47,7 @@ def dot_general(
     dimension_numbers: DimensionNumbers,
     precision: PrecisionLike = None,
     preferred_element_type: DTypeLike = None,
-    out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
+    out_sharding: ShardingLike = None,
     *,
     kernel: str = "auto",
 ) -> jax.Array:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_tiled import _checks, _dot_general, _sharding
-from jax_tiled._checks import DTypeLike, PrecisionLike
+from jax_tiled._checks import DTypeLike, PrecisionLike, ShardingLike
 from jax_tiled._compat import inline_jit
 
 API = "jax_tiled.matmul"
@@ -39,7 +39,7 @@ def matmul(
     *,
     precision: PrecisionLike = None,
     preferred_element_type: DTypeLike = None,
-    out_sharding: jax.sharding.NamedSharding | jax.sharding.PartitionSpec | None = None,
+    out_sharding: ShardingLike = None,
     kernel: str = "auto",
 ) -> jax.Array:
     """Matrix product with `jnp.matmul` semantics, run on this package's kernels.
