@@ -19,7 +19,7 @@ namespace jax_tiled::cuda {
 struct MatmulDims {
   int64_t batch, m, n, k;
   int64_t a_batch_stride, b_batch_stride, out_batch_stride;  // 0 = broadcast
-  int64_t lda, ldb, ldc;  // row strides of the matrices as stored
+  int64_t lda, ldb, ldc;          // row strides of the matrices as stored
   bool transpose_a, transpose_b;  // a stored (k, m), b stored (n, k)
 };
 
@@ -37,7 +37,8 @@ __device__ __forceinline__ Acc ToAccumulator(T x) {
 template <class T, class Acc>
 __device__ __forceinline__ T FromAccumulator(Acc x) {
   if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(x));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(x));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(x));
   else return static_cast<T>(x);
 }
 
@@ -59,7 +60,8 @@ struct TileOrder {
   int64_t tiles_m, tiles_n, count;
 
   __host__ __device__ explicit TileOrder(const MatmulDims& d)
-      : tiles_m((d.m + kBlockM - 1) / kBlockM), tiles_n((d.n + kBlockN - 1) / kBlockN),
+      : tiles_m((d.m + kBlockM - 1) / kBlockM),
+        tiles_n((d.n + kBlockN - 1) / kBlockN),
         count(d.batch * tiles_m * tiles_n) {}
 
   dim3 Grid() const { return dim3(static_cast<unsigned>(std::min<int64_t>(count, 0x7fffffff))); }

@@ -54,8 +54,8 @@ inline bool TmaCanTake(const OperandLayout& o) {
   const int64_t batch_bytes = o.element_bytes * o.batch_stride;
   return reinterpret_cast<uintptr_t>(o.base) % 16 == 0 && row_bytes % 16 == 0 &&
          (!batched || batch_bytes % 16 == 0) && o.row_length < kMaxCoordinate &&
-         o.rows < kMaxCoordinate && o.batches < kMaxCoordinate &&
-         row_bytes < kMaxStrideBytes && (!batched || batch_bytes < kMaxStrideBytes);
+         o.rows < kMaxCoordinate && o.batches < kMaxCoordinate && row_bytes < kMaxStrideBytes &&
+         (!batched || batch_bytes < kMaxStrideBytes);
 }
 
 // The driver's tensor-map encoder, looked up once through the runtime so the
@@ -64,8 +64,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess)
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
@@ -86,23 +86,22 @@ cudaError_t EncodeOperand(const OperandLayout& o, CUtensorMap* map, bool round_t
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (!encode) return cudaErrorNotSupported;
   if (round_to_tf32 && !std::is_same_v<In, float>) return cudaErrorInvalidValue;
-  const CUtensorMapDataType type = round_to_tf32               ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32
+  const CUtensorMapDataType type = round_to_tf32                ? CU_TENSOR_MAP_DATA_TYPE_TFLOAT32
                                    : std::is_same_v<In, float>  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : std::is_same_v<In, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   // A broadcast operand's batch stride is never followed; any legal one will do.
   const int64_t batch_stride = o.batches > 1 ? o.batch_stride : o.rows * o.row_stride;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(o.row_length),
-                              static_cast<cuuint64_t>(o.rows),
-                              static_cast<cuuint64_t>(o.batches)};
+                              static_cast<cuuint64_t>(o.rows), static_cast<cuuint64_t>(o.batches)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kBytes * o.row_stride),
                                  static_cast<cuuint64_t>((kBytes * batch_stride + 15) / 16 * 16)};
   const cuuint32_t box[3] = {kSwizzleElements<In>, static_cast<cuuint32_t>(o.box_rows), 1};
   const cuuint32_t unit_steps[3] = {1, 1, 1};
-  const CUresult result = encode(map, type, 3, const_cast<void*>(o.base), dims, strides, box,
-                                 unit_steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result =
+      encode(map, type, 3, const_cast<void*>(o.base), dims, strides, box, unit_steps,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -123,8 +122,7 @@ __device__ __forceinline__ void FenceBarrierInit() {
 
 // One arrival that also announces `bytes` still to come from the copy engine.
 __device__ __forceinline__ void ArriveExpectingBytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   SharedAddress(bar)),
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SharedAddress(bar)),
                "r"(bytes)
                : "memory");
 }
@@ -219,16 +217,14 @@ struct SwizzledTile {
 
   // Box b of the tile at (x0, k0): its destination and its coordinates in the
   // (row_length, rows) order of the operand's tensor map.
-  __device__ __forceinline__ static void Load(uint8_t* tile, const CUtensorMap* map,
-                                              uint64_t* bar, int64_t x0, int64_t k0,
-                                              int64_t batch) {
+  __device__ __forceinline__ static void Load(uint8_t* tile, const CUtensorMap* map, uint64_t* bar,
+                                              int64_t x0, int64_t k0, int64_t batch) {
 #pragma unroll
     for (int box = 0; box < kBoxes; ++box) {
       const int x = static_cast<int>(x0) + box * kElements, k = static_cast<int>(k0);
       if constexpr (kMnMajor)
         LoadBox(tile + box * kBoxBytes, map, bar, x, k, static_cast<int>(batch));
-      else
-        LoadBox(tile, map, bar, k, x, static_cast<int>(batch));
+      else LoadBox(tile, map, bar, k, x, static_cast<int>(batch));
     }
   }
 };
@@ -271,45 +267,46 @@ __device__ __forceinline__ void GrowRegisters() {
 }
 
 // The accumulator operands of an m64nN wgmma: %0..%(N/2 - 1).
-#define JAX_TILED_ACC_OPERANDS_64                                                     \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "  \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "  \
-  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "  \
+#define JAX_TILED_ACC_OPERANDS_64                                                    \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define JAX_TILED_ACC_OPERANDS_128                                                    \
-  JAX_TILED_ACC_OPERANDS_64 ", "                                                      \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "  \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "  \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "  \
-  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "    \
+#define JAX_TILED_ACC_OPERANDS_128                                                   \
+  JAX_TILED_ACC_OPERANDS_64                                                          \
+  ", "                                                                               \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, " \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "   \
   "%123, %124, %125, %126, %127"
 
 // d[kN / 2] (+)= A(64 x 16) * B(16 x kN): the accumulator registers
 // %0..%(kN/2 - 1), then the two descriptors, the accumulate flag (0 on a
 // tile's first step: d = A * B) and the two transpose immediates.
-#define JAX_TILED_WGMMA_N128(type)                                               \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                 \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {"              \
-  JAX_TILED_ACC_OPERANDS_64 "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
+#define JAX_TILED_WGMMA_N128(type)                                                            \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                              \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_64 \
+  "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
 
-#define JAX_TILED_WGMMA_N256(type)                                               \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type " {"              \
-  JAX_TILED_ACC_OPERANDS_128 "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
+#define JAX_TILED_WGMMA_N256(type)                                                             \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                              \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_128 \
+  "}, %128, %129, accumulate, 1, 1, %131, %132;\n}\n"
 
 // TF32, A from registers: the accumulators, then a0..a3, B's descriptor and
 // the accumulate flag; TF32 has no transpose immediates (B is K-major).
-#define JAX_TILED_WGMMA_TF32_N128                                                \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                 \
-  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"                       \
-  JAX_TILED_ACC_OPERANDS_64 "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n}\n"
+#define JAX_TILED_WGMMA_TF32_N128                                                    \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_64 \
+  "}, {%64, %65, %66, %67}, %68, accumulate, 1, 1;\n}\n"
 
-#define JAX_TILED_WGMMA_TF32_N256                                                \
-  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %133, 0;\n"                \
-  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {"                       \
-  JAX_TILED_ACC_OPERANDS_128 "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
+#define JAX_TILED_WGMMA_TF32_N256                                                     \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %133, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_128 \
+  "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
 
-#define JAX_TILED_ACC8(d, i)                                                              \
+#define JAX_TILED_ACC8(d, i)                                                                  \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define JAX_TILED_ACC64(d, i)                                                          \
@@ -321,8 +318,7 @@ __device__ __forceinline__ void GrowRegisters() {
 // read from shared memory through their descriptors. kTransA / kTransB: the
 // operand is MN-major (which wgmma allows for 16-bit types only).
 template <int kN, class In, bool kTransA, bool kTransB>
-__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b,
-                                      int accumulate) {
+__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b, int accumulate) {
 #if JAX_TILED_SM90A
   constexpr bool kBf16 = std::is_same_v<In, __nv_bfloat16>;
   if constexpr (kN == 256 && kBf16) {

@@ -1,8 +1,9 @@
 // Kernel 1's descriptors: "smem" with 32 x 32 tiles, "smem16" with 16 x 16
 // ones (four times the blocks, for problems too small to fill the GPU with
 // 32 x 32 tiles), and the test suite's planted race.
-#include "cuda/kernel.h"
 #include "cuda/kernels/1_smem_tiled.cuh"
+
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 namespace {
@@ -20,16 +21,17 @@ cudaError_t LaunchSmem(const LaunchPlan&, const Product& p, void* out, cudaStrea
 
 }  // namespace
 
-extern const KernelDescriptor kSmemTiled{"smem", true, kTakesEveryFloat, nullptr,
-                                         FixedPlan<32, 32>, LaunchSmem<32>};
-extern const KernelDescriptor kSmemTiled16{"smem16", true, kTakesEveryFloat, nullptr,
-                                           FixedPlan<16, 16>, LaunchSmem<16>};
+extern const KernelDescriptor kSmemTiled{
+    "smem", true, kTakesEveryFloat, nullptr, FixedPlan<32, 32>, LaunchSmem<32>};
+extern const KernelDescriptor kSmemTiled16{
+    "smem16", true, kTakesEveryFloat, nullptr, FixedPlan<16, 16>, LaunchSmem<16>};
 // "smem" without its second barrier: a known data race that the
 // compute-sanitizer racecheck test runs to prove the tool would catch one. Its
 // results are not to be trusted, so kernels() never offers it and auto never
 // picks it.
-extern const KernelDescriptor kSmemTiledRacy{"smem_racy_for_testing", false, kTakesEveryFloat,
-                                             nullptr, FixedPlan<32, 32>,
-                                             LaunchSmem<32, /*kSkipSecondSync=*/true>};
+extern const KernelDescriptor kSmemTiledRacy{
+    "smem_racy_for_testing", false,
+    kTakesEveryFloat,        nullptr,
+    FixedPlan<32, 32>,       LaunchSmem<32, /*kSkipSecondSync=*/true>};
 
 }  // namespace jax_tiled::cuda

@@ -36,8 +36,8 @@ __device__ __forceinline__ void LoadTile(SharedTile<kTile, Acc>& tile, const In*
   const int c = transposed ? threadIdx.y : threadIdx.x;
   const int64_t row = row0 + r, col = col0 + c;
   const bool inside = row < rows && col < cols;
-  tile[r][c] = inside ? ToAccumulator<Acc>(matrix[transposed ? col * ld + row : row * ld + col])
-                      : Acc{0};
+  tile[r][c] =
+      inside ? ToAccumulator<Acc>(matrix[transposed ? col * ld + row : row * ld + col]) : Acc{0};
 }
 
 // kSkipSecondSync removes the barrier that stops a fast thread from
@@ -45,7 +45,7 @@ __device__ __forceinline__ void LoadTile(SharedTile<kTile, Acc>& tile, const In*
 // compute-sanitizer racecheck test can show the tool catches that race (a
 // negative control); nothing else may select it.
 template <int kTile, class In, class Out, class Acc, bool kSkipSecondSync = false>
-__global__ void __launch_bounds__(kTile * kTile)
+__global__ void __launch_bounds__(kTile* kTile)
     SmemTiledMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
                     Out* __restrict__ out) {
   __shared__ SharedTile<kTile, Acc> a_tile, b_tile;

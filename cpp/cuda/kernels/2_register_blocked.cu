@@ -1,6 +1,7 @@
 // Kernel 2's descriptor, "regblock".
-#include "cuda/kernel.h"
 #include "cuda/kernels/2_register_blocked.cuh"
+
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 namespace {
@@ -18,7 +19,11 @@ cudaError_t Launch(const LaunchPlan&, const Product& p, void* out, cudaStream_t 
 }  // namespace
 
 extern const KernelDescriptor kRegisterBlocked{
-    "regblock", true, kTakesEveryFloat, nullptr,
-    FixedPlan<RegisterBlocked::kBlock, RegisterBlocked::kBlock>, Launch};
+    "regblock",
+    true,
+    kTakesEveryFloat,
+    nullptr,
+    FixedPlan<RegisterBlocked::kBlock, RegisterBlocked::kBlock>,
+    Launch};
 
 }  // namespace jax_tiled::cuda

@@ -104,9 +104,7 @@ __global__ void __launch_bounds__(Shape::kThreads)
 }
 
 // 64 x 64 output tiles, 8 deep in K, 8 x 8 outputs per thread.
-struct RegisterBlocked {
-  static constexpr int kBlock = 64, kDepth = 8, kThreadTile = 8;
-};
+struct RegisterBlocked { static constexpr int kBlock = 64, kDepth = 8, kThreadTile = 8; };
 
 template <class In, class Out, class Acc>
 cudaError_t LaunchRegisterBlocked(const MatmulDims& dims, const In* a, const In* b, Out* out,

@@ -1,6 +1,7 @@
 // Kernel 3's descriptor, "warptile".
-#include "cuda/kernel.h"
 #include "cuda/kernels/3_simt_warptiled.cuh"
+
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 namespace {
@@ -16,15 +17,15 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStre
     using Out = decltype(result);
     return WithConfig<WarpTileLarge, WarpTileSmall>(plan, [&](auto cfg) {
       return LaunchWarpTiledWith<decltype(cfg), In, Out, AccumulatorOf<In, Out>>(
-          p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b),
-          static_cast<Out*>(out), stream);
+          p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
+          stream);
     });
   });
 }
 
 }  // namespace
 
-extern const KernelDescriptor kSimtWarpTiled{"warptile", true, kTakesEveryFloat, nullptr, Plan,
-                                             Launch};
+extern const KernelDescriptor kSimtWarpTiled{"warptile", true, kTakesEveryFloat,
+                                             nullptr,    Plan, Launch};
 
 }  // namespace jax_tiled::cuda

@@ -35,8 +35,7 @@ struct WarpTileConfig {
   static constexpr int kBlockM = 32 * kWarpsM, kBlockN = 64 * kWarpsN;
   // Whether each thread's 8 x 8 sums of Acc can be blocked (blocked_sum.cuh).
   template <class Acc>
-  static constexpr bool kBlockedSum =
-      RoomForBlockedSum(64 * sizeof(Acc) / 4, kThreads * kMinBlocks);
+  static constexpr bool kBlockedSum = RoomForBlockedSum(64 * sizeof(Acc) / 4, kThreads* kMinBlocks);
 };
 
 // Four consecutive accumulators in shared memory as 16-byte accesses (the
@@ -45,11 +44,17 @@ template <class Acc>
 __device__ __forceinline__ void LoadQuad(const Acc* p, Acc (&dst)[8], int at) {
   if constexpr (sizeof(Acc) == 4) {
     const float4 v = *reinterpret_cast<const float4*>(p);
-    dst[at] = v.x; dst[at + 1] = v.y; dst[at + 2] = v.z; dst[at + 3] = v.w;
+    dst[at] = v.x;
+    dst[at + 1] = v.y;
+    dst[at + 2] = v.z;
+    dst[at + 3] = v.w;
   } else {
     const double2 lo = reinterpret_cast<const double2*>(p)[0];
     const double2 hi = reinterpret_cast<const double2*>(p)[1];
-    dst[at] = lo.x; dst[at + 1] = lo.y; dst[at + 2] = hi.x; dst[at + 3] = hi.y;
+    dst[at] = lo.x;
+    dst[at + 1] = lo.y;
+    dst[at + 2] = hi.x;
+    dst[at + 3] = hi.y;
   }
 }
 
@@ -82,8 +87,13 @@ struct SlabLoader {
 
   // Where quad q of the slab starts, as (x, k) offsets within the slab.
   __device__ __forceinline__ void QuadOrigin(int q, int& x, int& k) const {
-    if (k_contiguous) { x = q / (kSlab / 4); k = q % (kSlab / 4) * 4; }
-    else { k = q / (kX / 4); x = q % (kX / 4) * 4; }
+    if (k_contiguous) {
+      x = q / (kSlab / 4);
+      k = q % (kSlab / 4) * 4;
+    } else {
+      k = q / (kX / 4);
+      x = q % (kX / 4) * 4;
+    }
   }
 
   __device__ __forceinline__ void Fetch(int64_t x0, int64_t k0) {
@@ -94,8 +104,8 @@ struct SlabLoader {
       const int64_t gx = x0 + x, gk = k0 + k;
       // A quad always runs along the stored contiguous axis: p[0..3].
       const In* p = base + (k_contiguous ? gx * ld + gk : gk * ld + gx);
-      const bool whole = k_contiguous ? (gx < x_limit && gk + 3 < k_limit)
-                                      : (gk < k_limit && gx + 3 < x_limit);
+      const bool whole =
+          k_contiguous ? (gx < x_limit && gk + 3 < k_limit) : (gk < k_limit && gx + 3 < x_limit);
       if (whole && vector_ok) {
         const Quad q = *reinterpret_cast<const Quad*>(p);
 #pragma unroll
@@ -163,7 +173,8 @@ __device__ __forceinline__ void AccumulateSlab(Acc (&acc)[8][8], const Acc (&a)[
 // the matrix.
 template <class Out, class Acc>
 __device__ __forceinline__ void StoreThreadTile(const Acc (&acc)[8][8], ThreadTile t, Out* out,
-                                                const MatmulDims& dims, int64_t row0, int64_t col0) {
+                                                const MatmulDims& dims, int64_t row0,
+                                                int64_t col0) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int64_t row = row0 + t.m + (i < 4 ? i : 12 + i);
@@ -194,10 +205,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
       for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
         const int64_t row0 = tile_m * Cfg::kBlockM, col0 = tile_n * Cfg::kBlockN;
-        LoaderA load_a{a + batch * dims.a_batch_stride, dims.lda, dims.m, dims.k,
-                       !dims.transpose_a, a_vector_ok};
-        LoaderB load_b{b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k,
-                       dims.transpose_b, b_vector_ok};
+        LoaderA load_a{a + batch * dims.a_batch_stride,
+                       dims.lda,
+                       dims.m,
+                       dims.k,
+                       !dims.transpose_a,
+                       a_vector_ok};
+        LoaderB load_b{b + batch * dims.b_batch_stride,
+                       dims.ldb,
+                       dims.n,
+                       dims.k,
+                       dims.transpose_b,
+                       b_vector_ok};
 
         Accumulators<Acc[8][8], Cfg::kSlab, Cfg::template kBlockedSum<Acc>> acc;
         load_a.Fetch(row0, 0);
@@ -254,7 +273,8 @@ cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b
 }
 
 inline bool WarpTileUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
-  const int64_t large_blocks = dims.batch * ((dims.m + WarpTileLarge::kBlockM - 1) / WarpTileLarge::kBlockM) *
+  const int64_t large_blocks = dims.batch *
+                               ((dims.m + WarpTileLarge::kBlockM - 1) / WarpTileLarge::kBlockM) *
                                ((dims.n + WarpTileLarge::kBlockN - 1) / WarpTileLarge::kBlockN);
   return large_blocks >= 2 * multiprocessors;
 }

@@ -1,12 +1,14 @@
 // Kernel 4's descriptor, "pipelined".
-#include "cuda/kernel.h"
 #include "cuda/kernels/4_simt_cp_async_pipelined.cuh"
+
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 namespace {
 
 // cp.async copies float32 as it is, into a float32 accumulator.
-constexpr Takes kTakes{kF32, kSixteenBit | kF32, true, 80, false, "its cp.async copies cannot convert"};
+constexpr Takes kTakes{
+    kF32, kSixteenBit | kF32, true, 80, false, "its cp.async copies cannot convert"};
 
 // The same block shapes as warptile, for the same reason.
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
@@ -27,7 +29,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStre
 
 }  // namespace
 
-extern const KernelDescriptor kSimtCpAsyncPipelined{"pipelined", true, kTakes, nullptr, Plan,
-                                                    Launch};
+extern const KernelDescriptor kSimtCpAsyncPipelined{"pipelined", true, kTakes,
+                                                    nullptr,     Plan, Launch};
 
 }  // namespace jax_tiled::cuda

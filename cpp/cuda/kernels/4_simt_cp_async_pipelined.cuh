@@ -100,11 +100,11 @@ class AsyncSlabCopier {
 
   const float* src_;  // this thread's first element of the next slab
   int64_t ld_;
-  int64_t k_left_;    // K from this thread's first k in the next slab to the edge
+  int64_t k_left_;  // K from this thread's first k in the next slab to the edge
   bool k_contiguous_, vector_;
-  int x_, k_;         // this thread's first copy within a slab
-  int vector_bytes_;  // bytes of its quads inside the matrix
-  unsigned inside_x_; // bit i: copy i is inside the matrix's x range
+  int x_, k_;          // this thread's first copy within a slab
+  int vector_bytes_;   // bytes of its quads inside the matrix
+  unsigned inside_x_;  // bit i: copy i is inside the matrix's x range
 };
 
 template <class Cfg, class Out>
@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
     int64_t batch, row0, col0;
     order.Locate(tile, batch, row0, col0);
-    CopierA copy_a(a + batch * dims.a_batch_stride, dims.lda, dims.m, dims.k,
-                   !dims.transpose_a, a_vector_ok, row0);
-    CopierB copy_b(b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k,
-                   dims.transpose_b, b_vector_ok, col0);
+    CopierA copy_a(a + batch * dims.a_batch_stride, dims.lda, dims.m, dims.k, !dims.transpose_a,
+                   a_vector_ok, row0);
+    CopierB copy_b(b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k, dims.transpose_b,
+                   b_vector_ok, col0);
     auto issue = [&](int64_t slab) {
       // Every thread commits a group per slab, empty past the last one,
       // so the wait below always counts the same number of groups.
@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                      thread_tile);
       acc.EndSlab(slab);
     }
-    StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
+    StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0,
+                    col0);
     __syncthreads();  // the next tile's first copies overwrite stages still being read
   }
 }

@@ -1,6 +1,7 @@
 // Kernel 5's descriptor, "mma".
-#include "cuda/kernel.h"
 #include "cuda/kernels/5_mma_sync_pipelined.cuh"
+
+#include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 
@@ -15,9 +16,8 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
-  return VisitInput<kMmaTakes>(p.in_type, [&](auto in) {
-    return LaunchMmaFor<decltype(in)>(plan, p, out, stream);
-  });
+  return VisitInput<kMmaTakes>(
+      p.in_type, [&](auto in) { return LaunchMmaFor<decltype(in)>(plan, p, out, stream); });
 }
 
 }  // namespace

@@ -33,9 +33,9 @@
 // scalar 32-bit loads instead: the same bytes in four instructions where
 // ldmatrix.x4 issues one, 16 per operand, warp and k8 step where 4 would do,
 // beside 32 mma and 32 conversions to TF32 (split, on 64 x 32 warp tiles: 16
-// and 8 loads beside 48 mma and 72 instructions of splitting). In those loads lane (g, t) reads element (x g, k t) of [k][x]
-// rows, so the rows are padded by 8 floats (not 16 bytes) to a pitch of 8
-// banks mod 32, putting the lane in bank 8t + g: conflict-free too.
+// and 8 loads beside 48 mma and 72 instructions of splitting). In those loads lane (g, t) reads
+// element (x g, k t) of [k][x] rows, so the rows are padded by 8 floats (not 16 bytes) to a pitch
+// of 8 banks mod 32, putting the lane in bank 8t + g: conflict-free too.
 //
 // cp.async needs 16-byte aligned rows. An operand whose rows are not (odd ld,
 // offset base or batch stride) is copied by bounds-checked element loads into
@@ -61,8 +61,8 @@ namespace jax_tiled::cuda {
 // The input type, block shape in warps, each warp's output tile, the K slab
 // depth, the slabs resident in shared memory, and how many blocks must fit on
 // one SM.
-template <class In, int kWarpsM_, int kWarpsN_, int kWarpM_, int kWarpN_, int kSlab_,
-          int kStages_, int kMinBlocks_>
+template <class In, int kWarpsM_, int kWarpsN_, int kWarpM_, int kWarpN_, int kSlab_, int kStages_,
+          int kMinBlocks_>
 struct MmaConfig {
   using Input = In;
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_;
@@ -73,7 +73,7 @@ struct MmaConfig {
   static constexpr int kTilesM = kWarpM / 16, kTilesN = kWarpN / 8;  // mma tiles per warp
   // Whether the registers hold a second set of accumulators (blocked_sum.cuh).
   static constexpr bool kRoomForBlockedSum =
-      RoomForBlockedSum(kTilesM * kTilesN * 4, kThreads * kMinBlocks_);
+      RoomForBlockedSum(kTilesM * kTilesN * 4, kThreads* kMinBlocks_);
   // K per mma: m16n8k16 for 16-bit inputs, m16n8k8 for TF32; 32 bytes either way.
   static constexpr int kStep = sizeof(In) == 2 ? 16 : 8;
   // One ldmatrix.x4 loads a 16 x kStep piece: one m16 tile of A, or two n8 tiles of B.
@@ -127,8 +127,8 @@ struct MmaTile {
 // of each matrix as stored. .trans: it holds (2 (l % 4) + {0, 1}, l / 4), i.e.
 // the same position of the transposed matrix.
 template <bool kTrans>
-__device__ __forceinline__ void LoadMatrices(uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                             uint32_t& r3, uint32_t address) {
+__device__ __forceinline__ void LoadMatrices(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                             uint32_t address) {
   // volatile: the compiler cannot see that cp.async wrote what this reads,
   // so it must not move the load across the barriers.
   if constexpr (kTrans) {
@@ -261,7 +261,7 @@ class MmaSlabCopier {
       }
     }
     if constexpr (Tile::kKMajor) src_ += Tile::kSlab;  // along the rows
-    else src_ += Tile::kSlab * ld;                      // down the rows
+    else src_ += Tile::kSlab * ld;                     // down the rows
   }
 
  private:
@@ -342,8 +342,8 @@ __device__ __forceinline__ void MmaWarpTile(float (&acc)[kTilesM][kTilesN][4],
 // per m16 tile of A and per pair of n8 tiles of B, as raw input bits.
 template <class Cfg, class TileA, class TileB>
 __device__ __forceinline__ void LoadWarpFragments(uint32_t (&a)[Cfg::kTilesM][4],
-                                                  uint32_t (&b)[Cfg::kTilesN][2],
-                                                  uint32_t a_lane, uint32_t b_lane, int s) {
+                                                  uint32_t (&b)[Cfg::kTilesN][2], uint32_t a_lane,
+                                                  uint32_t b_lane, int s) {
 #pragma unroll
   for (int i = 0; i < Cfg::kTilesM; ++i) LoadFragmentA<Cfg, TileA>(a[i], a_lane, i, s);
 #pragma unroll
@@ -363,8 +363,8 @@ __device__ __forceinline__ void LoadWarpFragments(uint32_t (&a)[Cfg::kTilesM][4]
 // into a chunk that starts at zero, truncating only relative to that slab's
 // partial sum, and adds the chunk into acc with ordinary round-to-nearest
 // float adds: a chunk's error is a few ulp of its own slab's sum, with that
-// sum's sign, which varies from slab to slab. Within the slab the small terms (a_lo b_hi, a_hi b_lo, every k step)
-// go in first, while the chunk is still small, and the a_hi b_hi ones last.
+// sum's sign, which varies from slab to slab. Within the slab the small terms (a_lo b_hi, a_hi
+// b_lo, every k step) go in first, while the chunk is still small, and the a_hi b_hi ones last.
 // That keeps every k step's hi parts live across the slab, and the chunk
 // doubles the accumulators, hence the split configs' smaller warp tiles
 // (MmaLarge, MmaSmall).
@@ -424,8 +424,8 @@ __device__ __forceinline__ void StorePair(Out* p, float v0, float v1) {
     *reinterpret_cast<__half2*>(p) =
         __halves2half2(FromAccumulator<__half>(v0), FromAccumulator<__half>(v1));
   } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __halves2bfloat162(
-        FromAccumulator<__nv_bfloat16>(v0), FromAccumulator<__nv_bfloat16>(v1));
+    *reinterpret_cast<__nv_bfloat162*>(p) =
+        __halves2bfloat162(FromAccumulator<__nv_bfloat16>(v0), FromAccumulator<__nv_bfloat16>(v1));
   } else {
     static_assert(std::is_same_v<Out, float>, "mma results are float, bfloat16 or float16");
     *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
@@ -497,15 +497,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // gives lane l (m g, 4 bytes t of the part): k 2t..2t+1 of 16-bit, k t of
   // float; MN-major 16-bit ([k][m]), .trans gives (k 2t..2t+1, m g) as
   // stored, the same elements. MN-major float: scalar loads.
-  const uint32_t a_lane =
-      SharedAddress(stages) + TileA::FragmentOffset(lane, warp_m, q % 2, q / 2);
+  const uint32_t a_lane = SharedAddress(stages) + TileA::FragmentOffset(lane, warp_m, q % 2, q / 2);
   // B: matrices q = 0..3 are b0, b1 of n tile j, b0, b1 of n tile j + 1 =
   // (n 0-7, k part 0), (n 0-7, k part 1), (n 8-15, k part 0), (n 8-15, k
   // part 1): n half q / 2, k part q % 2. K-major ([n][k]), plain gives lane l
   // (n g, 4 bytes t of the part) = b's (k 2t..2t+1 or t, col g); MN-major
   // 16-bit ([k][n]), .trans gives the same. MN-major float: scalar loads.
-  const uint32_t b_lane = SharedAddress(stages) + TileA::kBytes +
-                          TileB::FragmentOffset(lane, warp_n, q / 2, q % 2);
+  const uint32_t b_lane =
+      SharedAddress(stages) + TileA::kBytes + TileB::FragmentOffset(lane, warp_n, q / 2, q % 2);
 
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
   const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
@@ -564,8 +563,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // per SM, and up to 255 registers each); its small ones keep their shape,
 // three to an SM rather than four (up to 168 registers rather than 128).
 template <class In, bool kSplit = false>
-using MmaLarge = MmaConfig<In, 2, kSplit ? 4 : 2, 64, kSplit ? 32 : 64, 64 / sizeof(In), 4,
-                           kSplit ? 1 : 2>;
+using MmaLarge =
+    MmaConfig<In, 2, kSplit ? 4 : 2, 64, kSplit ? 32 : 64, 64 / sizeof(In), 4, kSplit ? 1 : 2>;
 template <class In, bool kSplit = false>
 using MmaSmall = MmaConfig<In, 2, 2, 32, 32, 64 / sizeof(In), 4, kSplit ? 3 : 4>;
 
@@ -612,14 +611,13 @@ cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const typename Cfg::Input*
 // __nv_bfloat16 or float. Accumulates in float. Needs sm_80+; k > 0 and a
 // non-empty output.
 template <class In, class Out, bool kSplit = false>
-cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const In* a,
-                          const In* b, Out* out, cudaStream_t stream) {
+cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const In* a, const In* b,
+                          Out* out, cudaStream_t stream) {
   static_assert(!kSplit || std::is_same_v<In, float>, "only float32 inputs are split");
-  const bool vector =
-      ChunkAligned(a, dims.lda, dims.transpose_a ? dims.k : dims.m, dims.a_batch_stride,
-                   dims.batch) &&
-      ChunkAligned(b, dims.ldb, dims.transpose_b ? dims.n : dims.k, dims.b_batch_stride,
-                   dims.batch);
+  const bool vector = ChunkAligned(a, dims.lda, dims.transpose_a ? dims.k : dims.m,
+                                   dims.a_batch_stride, dims.batch) &&
+                      ChunkAligned(b, dims.ldb, dims.transpose_b ? dims.n : dims.k,
+                                   dims.b_batch_stride, dims.batch);
   const bool pairs = reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0 &&
                      (dims.m == 1 || dims.ldc % 2 == 0) &&
                      (dims.batch == 1 || dims.out_batch_stride % 2 == 0);
@@ -629,8 +627,8 @@ cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const 
       return WithMmaFlag(dims.transpose_b, [&](auto b_k_major) {
         return WithMmaFlag(vector, [&](auto vector_copies) {
           return LaunchMmaSyncWith<Cfg, decltype(a_k_major)::value, decltype(b_k_major)::value,
-                                   decltype(vector_copies)::value, kSplit>(dims, a, b, out,
-                                                                           stream, pairs);
+                                   decltype(vector_copies)::value, kSplit>(dims, a, b, out, stream,
+                                                                           pairs);
         });
       });
     });
@@ -642,14 +640,14 @@ inline constexpr Takes kMmaTakes = TensorCoreTakes(80, /*hopper_only=*/false);
 // The descriptor's launcher for one input type, instantiated per input in
 // its own translation unit (kernel.h, JAX_TILED_PER_INPUT_LAUNCHER).
 template <class In>
-cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out,
-                         cudaStream_t stream) {
+cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
   return VisitOutput<kMmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
     using Out = decltype(result);
     const auto* a = static_cast<const In*>(p.a);
     const auto* b = static_cast<const In*>(p.b);
     if constexpr (std::is_same_v<In, float>)
-      if (p.SplitsTf32()) return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
+      if (p.SplitsTf32())
+        return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
     return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
   });
 }

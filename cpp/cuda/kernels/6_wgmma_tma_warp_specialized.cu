@@ -1,8 +1,9 @@
 // Kernel 6's descriptor, "wgmma".
+#include "cuda/kernels/6_wgmma_tma_warp_specialized.cuh"
+
 #include <string>
 
 #include "cuda/kernel.h"
-#include "cuda/kernels/6_wgmma_tma_warp_specialized.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -32,14 +33,13 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
-  return VisitInput<kWgmmaTakes>(p.in_type, [&](auto in) {
-    return LaunchWgmmaFor<decltype(in)>(plan, p, out, stream);
-  });
+  return VisitInput<kWgmmaTakes>(
+      p.in_type, [&](auto in) { return LaunchWgmmaFor<decltype(in)>(plan, p, out, stream); });
 }
 
 }  // namespace
 
-extern const KernelDescriptor kWgmmaTmaWarpSpecialized{"wgmma", true, kWgmmaTakes, RefusesLayout,
-                                                       Plan, Launch};
+extern const KernelDescriptor kWgmmaTmaWarpSpecialized{"wgmma",       true, kWgmmaTakes,
+                                                       RefusesLayout, Plan, Launch};
 
 }  // namespace jax_tiled::cuda

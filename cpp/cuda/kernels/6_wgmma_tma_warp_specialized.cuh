@@ -61,7 +61,7 @@ namespace jax_tiled::cuda {
 
 template <int kBlockN_, int kStages_>
 struct WgmmaConfig {
-  static constexpr int kConsumers = 2;            // warpgroups, 64 output rows each
+  static constexpr int kConsumers = 2;  // warpgroups, 64 output rows each
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -310,8 +310,8 @@ struct WgmmaConsumer {
   }
 
  private:
-  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, int64_t slabs,
-                                          A& a, int& previous) {
+  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, int64_t slabs, A& a,
+                                          int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
     if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
@@ -324,8 +324,8 @@ struct WgmmaConsumer {
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), step > 0);
-        hopper::WgmmaTf32<Cfg::kBlockN>(
-            partial, a.hi[step], Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step],
+                                        Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
       }
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step)
@@ -471,9 +471,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 // The copy engine's view of op(A) (free axis M) or op(B) (free axis N).
 template <class In>
-hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent,
-                                int64_t k, int64_t ld, int64_t batch_stride, int64_t batch,
-                                int free_box) {
+hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent, int64_t k,
+                                int64_t ld, int64_t batch_stride, int64_t batch, int free_box) {
   return {base,
           k_contiguous ? k : free_extent,
           k_contiguous ? free_extent : k,
@@ -549,8 +548,8 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, cudaStream_t st
   // One TF32 pass reads B as the copy engine rounds it; 3xTF32 splits B's
   // float32 values in shared memory, so they must land whole.
   constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map,
-                                                  kRoundB))
+  if (cudaError_t err =
+          hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map, kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, Out>;
   constexpr int kShared = WgmmaTiles<Cfg, Ops>::kSharedBytes;
@@ -569,21 +568,17 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, cudaStream_t
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
   if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
-    if (w.transposed_out)  // A = B^T of the caller's B stored (k, n): MN-major
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(
-          w, out, stream, blocks);
+    if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, stream,
+                                                                                blocks);
     if (a_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, stream,
-                                                                          blocks);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, stream,
-                                                                         blocks);
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, stream, blocks);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, stream, blocks);
   } else {
     if (a_mn && b_mn)
       return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, stream, blocks);
-    if (a_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, stream, blocks);
-    if (b_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, stream, blocks);
+    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, stream, blocks);
+    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, stream, blocks);
     return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, stream, blocks);
   }
 }
@@ -596,7 +591,7 @@ inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
-  LaunchPlan plan = p.SplitsTf32() ? PlanOf<WgmmaSplit>(swap_ab)
+  LaunchPlan plan = p.SplitsTf32()                                  ? PlanOf<WgmmaSplit>(swap_ab)
                     : WgmmaUsesWideTiles(arranged, multiprocessors) ? PlanOf<WgmmaWide>(swap_ab)
                                                                     : PlanOf<WgmmaNarrow>(swap_ab);
   const int64_t tiles = arranged.batch * ((arranged.m + plan.block_m - 1) / plan.block_m) *
