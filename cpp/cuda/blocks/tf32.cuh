@@ -1,6 +1,6 @@
 // float32 on tensor cores. TF32 is float32's sign and 8-bit exponent with 10
 // of its 23 mantissa bits; the tensor cores multiply TF32 operands exactly and
-// add into float32. Two ways to use them (precision, README.md):
+// add into float32. Two ways to use them (docs/precision.md):
 //   DEFAULT, one pass:  a * b ~ tf32(a) * tf32(b), relative error ~2^-11 per
 //     operand, what XLA's own float32 matmul does on these GPUs;
 //   HIGH, three passes: split x = hi + lo, both TF32, and

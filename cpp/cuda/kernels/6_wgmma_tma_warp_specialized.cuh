@@ -28,7 +28,7 @@
 // rounds the shared-memory operand as it lands (a TFLOAT32 tensor map), and
 // the consumers round the register operand the same way with one cvt
 // (CvtRnaTf32): both take the float32 values within half a TF32 step of the
-// limit to inf (README, "Special values"); guarding against that in the
+// limit to inf (docs/precision.md, "Special values"); guarding against that in the
 // consumers' conversions was five more instructions an element on the
 // path that converts every A element (NOTES.md, "Long sums").
 // Its A operand may come from registers instead, loaded by the consumers from
