@@ -25,6 +25,7 @@ __all__ = [
     "jaxprs_in_params",
     "lower_with_sharding_in_types",
     "require_devices_during_lowering",
+    "trace_context",
     "varying_axes",
 ]
 
@@ -42,6 +43,10 @@ __all__ = [
 #   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
 # Private, needed by every supported version: the class of traced values, to
 # tell a call made while tracing from an eager one (inline_jit below).
+# Private, needed by every supported version: the configuration a trace depends
+# on (x64, the default matmul precision, ...), which jit's own caches key on;
+# `jax_tiled.tiled` keys its cache of traces and rewritten jaxprs on it too.
+from jax._src.config import trace_context
 from jax._src.core import DropVar, Tracer, jaxprs_in_params
 from jax._src.dispatch import prim_requires_devices_during_lowering
 

@@ -116,7 +116,7 @@ def explain(
     For a `lax.DotAlgorithmPreset` it also says what the preset runs as there:
     the casts and the kernel precision."""
     platform = _backend_platform(backend)
-    kernel = _checks.kernel(kernel, _matmul.API)
+    kernel = _checks.kernel(kernel, "jax_tiled.explain")
     captured = {}
 
     def canonical(a, b):

@@ -70,12 +70,21 @@ def test_offload_policy_offloads_products_without_batch_dims():
         jax.core.ShapedArray((1, 16, 4), np.float32),
     )
     a2 = jax.core.ShapedArray((2, 8, 16), np.float32)
-    saved = policy(prim, a1, b1)
+    # The parameters jax.checkpoint hands a policy: the equation's.
+    params = dict(
+        transpose_a=False,
+        transpose_b=False,
+        out_dtype=np.dtype(np.float32),
+        precision=jax.lax.Precision.DEFAULT,
+        kernel="auto",
+    )
+    saved = policy(prim, a1, b1, **params)
     assert (saved.src, saved.dst) == ("device", "pinned_host")
     jax_answer = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")(
         jax.lax.sin_p, a1
     )
-    assert policy(prim, a2, b1) == jax_answer  # recompute, as jax answers for any non-dot
+    # recompute, as jax answers for any non-dot
+    assert policy(prim, a2, b1, **params) == jax_answer
     assert policy(jax.lax.sin_p, a1) == jax_answer
 
 

@@ -29,7 +29,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStre
 
 }  // namespace
 
-extern const KernelDescriptor kSimtCpAsyncPipelined{"pipelined", true, kTakes,
-                                                    nullptr,     Plan, Launch};
+extern const KernelDescriptor kSimtCpAsyncPipelined{names::kPipelined, true, kTakes,
+                                                    nullptr,           Plan, Launch};
 
 }  // namespace jax_tiled::cuda
