@@ -178,7 +178,14 @@ def _operand_dtype(lhs_dtype, rhs_dtype, promoted, preferred_element_type, api) 
     if not (_is_integer(lhs_dtype) and _is_integer(rhs_dtype)):
         return float_dtype("the promoted operands", promoted(), api)
     if not integer_result(lhs_dtype, rhs_dtype, preferred_element_type):
-        return out_dtype(None, preferred_element_type, api)
+        dtype = out_dtype(None, preferred_element_type, api)
+        widest = max((np.dtype(lhs_dtype), np.dtype(rhs_dtype)), key=lambda d: d.itemsize)
+        if dtype.itemsize < widest.itemsize:  # as lax.dot_general refuses it
+            raise TypeError(
+                f"{api}: preferred_element_type {dtype.name} is narrower than the operands' "
+                f"{widest.name}; jnp refuses it too"
+            )
+        return dtype
     raise TypeError(
         f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
         f"{np.dtype(rhs_dtype).name}) into an integer result are not computed by jax_tiled's "

@@ -87,19 +87,20 @@ def _matmul_jit(a, b, *, precision, preferred_element_type, out_sharding, kernel
     return _dot_general.product(lhs, rhs, dimension_numbers, request, out_sharding)
 
 
-def as_dot_general(a, b, precision, preferred_element_type, kernel, platform=None):
+def as_dot_general(a, b, precision, preferred_element_type, kernel, platform=None, api=API):
     """`matmul(a, b, ...)` checked (a preset for `platform`, default the one
-    traced for) and stated as `_dot_general.product` takes it: (lhs, rhs,
-    dimension numbers whose batch dimensions may broadcast, request)."""
+    traced for; messages name `api`, the function called) and stated as
+    `_dot_general.product` takes it: (lhs, rhs, dimension numbers whose batch
+    dimensions may broadcast, request)."""
     a, b = jnp.asarray(a), jnp.asarray(b)
-    dtype = _checks.matmul_dtype(a, b, preferred_element_type, API)
+    dtype = _checks.matmul_dtype(a, b, preferred_element_type, api)
     request = _dot_general.Request(
         dtype,
-        _checks.out_dtype(dtype, preferred_element_type, API),
-        _checks.precision(precision, API, platform),
+        _checks.out_dtype(dtype, preferred_element_type, api),
+        _checks.precision(precision, api, platform),
         kernel,
     )
-    batch_shape = _checks.matmul_shapes(a.shape, b.shape, API)
+    batch_shape = _checks.matmul_shapes(a.shape, b.shape, api)
     a_batch, b_batch = a.shape[:-2], b.shape[:-2]
     # Explicit mesh axes may split only the first batch dimension (else this
     # raises), or jax cannot type the flattening of the batch.

@@ -311,7 +311,7 @@ def _has_routed_dot(jaxpr: Jaxpr, seen=None) -> bool:
                 eqn.primitive.name not in _KERNELS
                 and (
                     _custom_rule(eqn)
-                    or any(_has_routed_dot(s, seen) for s in _compat.jaxprs_in_params(eqn.params))
+                    or any(_has_routed_dot(s, seen) for s in _jaxprs_in(eqn.params))
                 )
             )
             for eqn in jaxpr.eqns
@@ -437,7 +437,7 @@ def _fold_transpose(x, contract, batch, ndim):
 def _bind(eqn, invals):
     params = eqn.params
     if eqn.primitive.name not in _KERNELS and (
-        _custom_rule(eqn) or any(_has_routed_dot(j) for j in _compat.jaxprs_in_params(params))
+        _custom_rule(eqn) or any(_has_routed_dot(j) for j in _jaxprs_in(params))
     ):
         special = _HIGHER_ORDER.get(eqn.primitive.name)
         if special is not None:
@@ -491,18 +491,66 @@ def _rewrite_open(jaxpr: Jaxpr, primitive: str) -> Jaxpr:
 
 
 def _rewrite_params(eqn) -> dict:
-    def rewrite(v):
-        if isinstance(v, ClosedJaxpr):
-            return _rewrite_closed(v)
-        if isinstance(v, Jaxpr):
-            return _rewrite_open(v, eqn.primitive.name)
-        if isinstance(v, (tuple, list)) and any(isinstance(x, (Jaxpr, ClosedJaxpr)) for x in v):
-            items = map(rewrite, v)
-            # custom_linear_solve keeps its jaxprs in a namedtuple.
-            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
-        return v
+    return {k: _rewrite_deep(v, eqn.primitive.name) for k, v in eqn.params.items()}
 
-    return {k: rewrite(v) for k, v in eqn.params.items()}
+
+# Where a primitive's parameters may hold jaxprs: directly, in tuples (named
+# ones too: custom_linear_solve's), lists and dicts, and in the node data of
+# pytree definitions. Equinox's primitives (lineax's linear_solve) keep a
+# closure-converted function's jaxpr both as a parameter and inside the
+# definition of a tree that holds it again, and compare the two copies when
+# they run: every copy is rewritten, to the same new jaxpr.
+
+
+def _children(x):
+    """The parts of a parameter that may hold jaxprs, and how to rebuild it
+    from new ones; None for anything else."""
+    if isinstance(x, (tuple, list)):
+        if hasattr(x, "_fields"):
+            return list(x), lambda items: type(x)(*items)
+        return list(x), type(x)
+    if isinstance(x, dict):
+        return list(x.values()), lambda items: type(x)(zip(x.keys(), items))
+    if isinstance(x, jax.tree_util.PyTreeDef) and x.node_data() is not None:
+        node_type, data = x.node_data()
+        children = x.children()
+
+        def rebuild(items):
+            return jax.tree_util.PyTreeDef.from_node_data_and_children(
+                jax.tree_util.default_registry, (node_type, items[0]), items[1:]
+            )
+
+        return [data, *children], rebuild
+    return None
+
+
+def _jaxprs_in(params: dict):
+    """Every jaxpr among an equation's parameters (open: a closed one's jaxpr)."""
+    stack = list(params.values())
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ClosedJaxpr):
+            yield x.jaxpr
+        elif isinstance(x, Jaxpr):
+            yield x
+        else:
+            parts = _children(x)
+            if parts is not None:
+                stack.extend(parts[0])
+
+
+def _rewrite_deep(x, primitive: str):
+    """x with every jaxpr in it rewritten (the same object where none changes)."""
+    if isinstance(x, ClosedJaxpr):
+        return _rewrite_closed(x)
+    if isinstance(x, Jaxpr):
+        return _rewrite_open(x, primitive)
+    parts = _children(x)
+    if parts is None:
+        return x
+    items, rebuild = parts
+    new = [_rewrite_deep(item, primitive) for item in items]
+    return x if all(a is b for a, b in zip(new, items)) else rebuild(new)
 
 
 def _remat(eqn, invals):
