@@ -155,6 +155,14 @@ def _is_integer(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) or np.dtype(dtype) == np.bool_
 
 
+def computed(lhs_dtype, rhs_dtype, out_dtype) -> bool:
+    """Whether the kernels compute a product of these dtypes: a floating
+    result of floating or integer (bool) operands (`tiled` routes exactly these)."""
+    return np.dtype(out_dtype) in SUPPORTED_DTYPES and all(
+        np.dtype(d) in SUPPORTED_DTYPES or _is_integer(d) for d in (lhs_dtype, rhs_dtype)
+    )
+
+
 def integer_result(lhs_dtype, rhs_dtype, preferred_element_type) -> bool:
     """Whether a product is of integers (or bools) into an integer result,
     which jnp computes in integer arithmetic, wrapping around where the

@@ -4,7 +4,8 @@ Every `dot_general` that `@`, `jnp.matmul`, `jnp.einsum`, `jnp.dot`, Flax
 layers or attention emit shows up in `fn`'s jaxpr. So a call traces `fn` to a
 jaxpr for its arguments' types and evaluates that jaxpr again, one equation at
 a time, on the arguments themselves, binding each primitive as `fn` did except
-that a floating-point `dot_general` becomes `jax_tiled.dot_general`. Being a
+that a `dot_general` with a floating-point result becomes
+`jax_tiled.dot_general` (`_checks.computed` says which). Being a
 re-evaluation on the caller's values (which may be tracers of `jit`, `grad`,
 `vmap` or `checkpoint`), it composes with every transformation on the outside.
 
@@ -54,8 +55,7 @@ from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, primal_dtype_to_tangent_dtype
 from jax.extend.core.primitives import dot_general_p, transpose_p
 
-from jax_tiled import _compat, _nnx, checkpoint_policies
-from jax_tiled._canonical import SUPPORTED_DTYPES
+from jax_tiled import _checks, _compat, _nnx, checkpoint_policies
 from jax_tiled._dot_general import dot_general
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,11 +64,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 def tiled(fn: F) -> F:
     """`fn` with every floating-point `dot_general` inside it run by `tiled_matmul`.
 
-    Products of float16, bfloat16, float32 or float64 operands (from `@`,
+    Products into a float16, bfloat16, float32 or float64 result (from `@`,
     `jnp.matmul`, `jnp.einsum`, `jnp.dot`, `lax.dot_general`, Flax layers,
     attention, and the backward pass of a `jax.grad` taken inside `fn`) run on
     this package's kernels, with the same dimension numbers, precision and
-    output dtype; integer and other products are left as they are. The result
+    output dtype; products into an integer result are left as they are. The result
     composes with `jax.jit`, `jax.grad`, `jax.vmap` and `jax.checkpoint`, and
     the products that `grad`, `jvp`, `vjp` and `vmap` of the result create
     run on the kernels as well (docs/usage.md says what a second
@@ -291,8 +291,8 @@ def _check_not_updated(fn, arguments, values) -> None:
 def _routed_dot(eqn) -> bool:
     if eqn.primitive is not dot_general_p:
         return False
-    avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
-    return all(np.dtype(a.dtype) in SUPPORTED_DTYPES for a in avals)
+    lhs, rhs = (v.aval.dtype for v in eqn.invars)
+    return _checks.computed(lhs, rhs, eqn.outvars[0].aval.dtype)
 
 
 # Primitives whose bodies a kernel compiler (Pallas: Mosaic, Triton) lowers, not

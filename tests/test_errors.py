@@ -115,7 +115,9 @@ def test_a_cuda_kernel_on_an_install_without_the_cuda_module(monkeypatch):
             call(A, B, kernel="nope")
 
 
-@pytest.mark.parametrize("bad", [None, "a string", object(), [1.0, None]], ids=repr)
+@pytest.mark.parametrize(
+    "bad", [None, "a string", object(), [1.0, None]], ids=["None", "str", "object", "list"]
+)
 def test_operands_that_are_not_arrays(bad):
     kind = type(np.asarray(bad) if isinstance(bad, list) else bad).__name__
     for api in ("jax_tiled.matmul", "jax_tiled.dot_general"):

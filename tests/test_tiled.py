@@ -125,6 +125,16 @@ def test_integer_products_are_left_alone(rng):
             np.testing.assert_allclose(u, v, rtol=1e-6)
 
 
+def test_integer_operands_into_a_float_result_are_routed(rng):
+    """As jax_tiled.matmul computes them: exactly jnp's result for int8."""
+    a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 8)).astype(np.int8)
+    f = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    routed = jax_tiled.tiled(f)
+    assert_routed(routed, a, b)
+    np.testing.assert_array_equal(routed(a, b), f(a, b))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, np.float32])
 def test_dtypes_and_preferred_element_type(rng, dtype):
     a = jnp.asarray(random_array(rng, (4, 16), dtype))
