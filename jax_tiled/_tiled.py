@@ -461,9 +461,16 @@ def _memoized(rewrite):
             return jaxpr
         by_context = _REWRITTEN.setdefault(jaxpr, {})
         context = _compat.trace_context()
-        if context not in by_context:
-            by_context[context] = rewrite(jaxpr, *args)
-        return by_context[context]
+        if context in by_context:
+            return by_context[context]
+        rewritten = rewrite(jaxpr, *args)
+        # A rewrite whose constants are a trace's values (an outer
+        # transformation's, closed over) belongs to that trace alone: kept, a
+        # later trace that meets the same jaxpr (jax caches the jaxprs of
+        # library functions) would bind the dead trace's tracers.
+        if not _has_tracer(getattr(rewritten, "consts", ())):
+            by_context[context] = rewritten
+        return rewritten
 
     return memoized
 
