@@ -79,10 +79,12 @@ struct WgmmaConfig {
   static constexpr bool kRoomForBlockedSum = RoomForTwoSets(kBlockN / 2, kConsumerRegisters);
 };
 
-// 128 x 256 tiles, 4 stages of 48 KB, in pairs sharing B; 128 x 128 tiles, 6
-// stages of 32 KB. 3xTF32 stages carry B's lo half too: 128 x 128 tiles, 4
-// stages of 48 KB.
+// 128 x 256 tiles, 4 stages of 48 KB, for 16-bit inputs in pairs sharing B;
+// one TF32 pass runs them single (clusters measured no faster there: NOTES.md,
+// "clusters sharing B"). 128 x 128 tiles, 6 stages of 32 KB. 3xTF32 stages
+// carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
 using WgmmaWide = WgmmaConfig<256, 4, 2>;
+using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
 using WgmmaSplit = WgmmaConfig<128, 4>;
 
@@ -632,7 +634,8 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
     return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
   };
   if (p.SplitsTf32()) return plan(WgmmaSplit{});
-  if (WgmmaUsesWideTiles(arranged, multiprocessors)) return plan(WgmmaWide{});
+  if (WgmmaUsesWideTiles(arranged, multiprocessors))
+    return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   return plan(WgmmaNarrow{});
 }
 
@@ -654,7 +657,8 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
           return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context,
                                                                   plan.persistent_blocks);
         });
-    return WithConfig<WgmmaWide, WgmmaNarrow>(plan, [&](auto cfg) {
+    using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
+    return WithConfig<Wide, WgmmaNarrow>(plan, [&](auto cfg) {
       return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context,
                                                                plan.persistent_blocks);
     });
