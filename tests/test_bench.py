@@ -61,6 +61,7 @@ def test_text_table_has_every_column_on_every_row(capsys):
                 "float32",
                 "--precision",
                 "highest",
+                "--no-pallas",  # its rows and columns: tests/test_bench_pallas.py
             ]
         )
         == 0

@@ -3,7 +3,8 @@
 # required, compute-sanitizer on small odd shapes (plus the planted race), and
 # the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
 #   usage: [STEPS="tests sanitize bench"] [KERNELS="warptile pipelined"] \
-#          [TESTS="tests/test_tensor_cores.py"] tools/device_check.sh [bench args...]
+#          [TESTS="tests/test_tensor_cores.py"] [BASELINE=docs/perf/<baseline>.json] \
+#          tools/device_check.sh [bench args...]
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them).
 set -uo pipefail
@@ -53,6 +54,12 @@ if [[ " $steps " == *" bench "* ]]; then
     --plot "$OUT/bench.png" >"$OUT/bench.log" 2>"$OUT/bench.err"
   note "bench: rc=$?"
   cat "$OUT/bench.log"
+  # Every row that lost more than 3% against the peer since the baseline.
+  if [[ -n "${BASELINE:-}" ]]; then
+    python3 "$repo/tools/compare_baseline.py" "$repo/$BASELINE" "$OUT/bench.json" >"$OUT/baseline.log" 2>&1
+    note "against $BASELINE: rc=$? :: $(grep -c REGRESSION "$OUT/baseline.log") rows lost more than 3%"
+    cat "$OUT/baseline.log"
+  fi
 fi
 
 echo; printf '%s\n' "${summary[@]}"

@@ -87,9 +87,22 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
                  *in_type, *out_type, *mode};
 }
 
-ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                      ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                      Precision precision, std::string_view kernel) {
+// XLA's scratch allocator as the kernels see it (kernel.h): memory that
+// lives until the stream's work of this call is done.
+class FfiScratch final : public Scratch {
+ public:
+  explicit FfiScratch(ffi::ScratchAllocator& allocator) : allocator_(allocator) {}
+  void* Allocate(size_t bytes, size_t alignment) override {
+    return allocator_.Allocate(bytes, alignment).value_or(nullptr);
+  }
+
+ private:
+  ffi::ScratchAllocator& allocator_;
+};
+
+ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
+                      ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out, bool transpose_a,
+                      bool transpose_b, Precision precision, std::string_view kernel) {
   auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
@@ -110,7 +123,9 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::AnyBuffer a, ffi::AnyBuffer b,
   }
   const KernelChoice choice =
       forced ? KernelChoice{forced, forced->plan(product, device)} : ChooseAuto(product, device);
-  const cudaError_t err = choice.kernel->launch(choice.plan, product, out->untyped_data(), stream);
+  FfiScratch workspace(scratch);
+  const cudaError_t err =
+      choice.kernel->launch(choice.plan, product, out->untyped_data(), {stream, &workspace});
   return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
 }
 
@@ -162,6 +177,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTiledMatmulCuda, jax_tiled::cuda::MatmulCuda,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: every launch goes here
+        .Ctx<xla::ffi::ScratchAllocator>()              // device memory for this call's kernels
         .Arg<xla::ffi::AnyBuffer>()  // a: (batch_a, m, k), or (batch_a, k, m) transposed
         .Arg<xla::ffi::AnyBuffer>()  // b: (batch_b, k, n), or (batch_b, n, k) transposed
         .Ret<xla::ffi::AnyBuffer>()  // out: (batch, m, n)

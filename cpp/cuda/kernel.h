@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,17 +63,19 @@ struct Product {
 };
 
 // What a planner chose and its launcher runs: the block's output tile, the
-// slabs its pipeline keeps in shared memory (0: none), whether it computes
-// C^T = B^T A^T in place of C = A B, and for a persistent kernel the blocks
-// that walk the tiles (0: one block per tile).
+// slabs its pipeline keeps in shared memory (0: none), the blocks of a
+// cluster that share their B tiles, whether it computes C^T = B^T A^T in
+// place of C = A B, and for a persistent kernel the blocks that walk the
+// tiles (0: one block per tile).
 struct LaunchPlan {
-  int block_m = 0, block_n = 0, stages = 0;
+  int block_m = 0, block_n = 0, stages = 0, cluster_m = 1;
   bool swap_ab = false;
   int persistent_blocks = 0;
 
   // Whether a configuration with plan `cfg` runs this plan.
   bool SameConfig(const LaunchPlan& cfg) const {
-    return block_m == cfg.block_m && block_n == cfg.block_n && stages == cfg.stages;
+    return block_m == cfg.block_m && block_n == cfg.block_n && stages == cfg.stages &&
+           cluster_m == cfg.cluster_m;
   }
   // "128 x 256 tiles, 4 stages", for explain.
   std::string Describe() const;
@@ -84,12 +87,19 @@ struct StagesOf : std::integral_constant<int, 0> {};
 template <class Cfg>
 struct StagesOf<Cfg, std::void_t<decltype(Cfg::kStages)>>
     : std::integral_constant<int, Cfg::kStages> {};
+template <class Cfg, class = void>
+struct ClusterOf : std::integral_constant<int, 1> {};
+template <class Cfg>
+struct ClusterOf<Cfg, std::void_t<decltype(Cfg::kClusterM)>>
+    : std::integral_constant<int, Cfg::kClusterM> {};
 }  // namespace detail
 
 // The plan a kernel's compile-time configuration runs.
 template <class Cfg>
 constexpr LaunchPlan PlanOf(bool swap_ab = false, int persistent_blocks = 0) {
-  return {Cfg::kBlockM, Cfg::kBlockN, detail::StagesOf<Cfg>::value, swap_ab, persistent_blocks};
+  return {
+      Cfg::kBlockM, Cfg::kBlockN,     detail::StagesOf<Cfg>::value, detail::ClusterOf<Cfg>::value,
+      swap_ab,      persistent_blocks};
 }
 
 // Calls f(Cfg{}) for the configuration among Cfgs that `plan` names: a
@@ -206,6 +216,22 @@ cudaError_t VisitStorage(const Product& p, F&& f) {
   });
 }
 
+// Device memory a launch may use for the duration of its stream work (XLA's
+// scratch allocator behind the FFI), for kernels whose blocks exchange
+// partial results; null where none is offered.
+class Scratch {
+ public:
+  virtual ~Scratch() = default;
+  // `bytes` aligned to `alignment`, or null if none is left.
+  virtual void* Allocate(size_t bytes, size_t alignment) = 0;
+};
+
+// What a launcher runs with besides the product: XLA's stream, and scratch.
+struct LaunchContext {
+  cudaStream_t stream;
+  Scratch* scratch = nullptr;
+};
+
 // The plan of a kernel with one configuration, whatever the product.
 template <int kBlockM, int kBlockN>
 LaunchPlan FixedPlan(const Product&, const DeviceFacts&) {
@@ -217,7 +243,7 @@ LaunchPlan FixedPlan(const Product&, const DeviceFacts&) {
 // kernels compile in parallel; the kernel's .cu file sees them through
 // JAX_TILED_EXTERN_PER_INPUT.
 #define JAX_TILED_PER_INPUT_LAUNCHER(Launcher, In) \
-  cudaError_t Launcher<In>(const LaunchPlan&, const Product&, void*, cudaStream_t)
+  cudaError_t Launcher<In>(const LaunchPlan&, const Product&, void*, const LaunchContext&)
 #define JAX_TILED_EXTERN_PER_INPUT(Launcher)                             \
   extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __half);        \
   extern template JAX_TILED_PER_INPUT_LAUNCHER(Launcher, __nv_bfloat16); \
@@ -235,8 +261,8 @@ struct KernelDescriptor {
   std::optional<std::string> (*refuses_layout)(const Product&);
   // The launch configuration for a product it takes, on this GPU.
   LaunchPlan (*plan)(const Product&, const DeviceFacts&);
-  // Runs that plan on `stream`. k > 0 and a non-empty output.
-  cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, cudaStream_t stream);
+  // Runs that plan on the context's stream. k > 0 and a non-empty output.
+  cudaError_t (*launch)(const LaunchPlan&, const Product&, void* out, const LaunchContext& context);
 };
 
 // Every kernel of the table (kernel_table.cu), in ladder order.

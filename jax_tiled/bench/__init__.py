@@ -6,7 +6,9 @@ the same random-normal inputs; each row reports its time, TFLOP/s, achieved
 GB/s for skinny shapes, and its ratio to the peer (peer time / kernel time, so
 > 1 means faster than jnp.matmul). The peer of a float32 row is `jnp.matmul`
 at the same precision, except that `high` (3xTF32) is compared with `highest`,
-as the targets in docs/performance.md say.
+as the targets in docs/performance.md say. On an sm_90 GPU the Pallas
+Mosaic-GPU Hopper kernel that jax ships is a second peer (bench/pallas.py;
+--pallas / --no-pallas), at the fastest of a few configs per row.
 
 Usage:
 
@@ -15,6 +17,7 @@ Usage:
     python -m jax_tiled.bench --dtype bfloat16 --dtype float16 --shapes 4096^3,8192^3
     python -m jax_tiled.bench --precision highest --kernels smem,auto
     python -m jax_tiled.bench --json out.json --plot out.png
+    python -m jax_tiled.bench --dtype bfloat16 --shapes 4096^3,8192^3 --pallas
     python -m jax_tiled.bench --list-shapes
     python -m jax_tiled.bench --train-step         # the training step, bfloat16
     python -m jax_tiled.bench --train-step --width 8192 --tokens 8192 --json step.json
@@ -34,6 +37,7 @@ The package, by concern:
     shapes      shape names and the suites
     harness     ours against the peer: the matmuls, rows per precision, ratios
     products    the product suite: one row per shape, dtype, precision, kernel
+    pallas      the second peer: jax's Pallas Hopper kernel, its configs, its sweep
     train_step  the training step (--train-step): an MLP or a transformer block
     chains      chains of small products, scanned and unrolled (--chain)
     accuracy    error and bias against a float64 product, ours and the peer's (--accuracy)

@@ -8,6 +8,7 @@ import sys
 import jax
 
 import jax_tiled.bench as package
+from jax_tiled.bench import pallas
 from jax_tiled.bench.accuracy import (
     ACCURACY_SHAPES,
     DEFINITIONS,
@@ -24,7 +25,7 @@ from jax_tiled.bench.chains import (
 )
 from jax_tiled.bench.harness import AGREEMENT_TEXT, DTYPES, PRECISIONS, TRUTH_TEXT
 from jax_tiled.bench.plot import pyplot, write_plot
-from jax_tiled.bench.products import run_all
+from jax_tiled.bench.products import peers_of, run_all
 from jax_tiled.bench.report import (
     device_info,
     device_label,
@@ -90,6 +91,16 @@ def parse_args(argv):
         action="append",
         metavar="S",
         help="shapes by name, e.g. 4096^3, 1000x800x1200, b32x512x64x512, 8192^3-tA",
+    )
+    p.add_argument(
+        "--pallas",
+        action=argparse.BooleanOptionalAction,
+        help="time the Pallas Mosaic-GPU Hopper kernel that jax ships "
+        f"({pallas.MODULE}) as a second peer, the fastest of {len(pallas.CONFIGS)} "
+        "configs per row: a 'pallas' row beside jnp.matmul's and an 'x pallas' "
+        "column (default: on where it runs, an sm_90 GPU whose jax has the module; "
+        "--pallas shows the column elsewhere too, each row marked n/a with the "
+        "reason; --no-pallas leaves it out)",
     )
     p.add_argument(
         "--quick",
@@ -211,6 +222,8 @@ def parse_args(argv):
             f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
             "--list-shapes do not apply"
         )
+    if mode and args.pallas is not None:
+        p.error(f"--pallas and --no-pallas go with the product suite, not {mode}")
     if mode == "--accuracy" and (args.quick or args.plot or args.list_shapes):
         p.error("--accuracy times nothing: --quick, --plot and --list-shapes do not apply")
     if not args.train_step and (args.width or args.tokens or args.model or args.sequences):
@@ -301,16 +314,26 @@ def main(argv=None) -> int:
         return accuracy_main(parser, args, on_cpu, info)
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     args.shapes = args.shapes or default_shapes(args, on_cpu)
+    args.pallas_unavailable = pallas.unavailable()
+    if args.pallas is None:
+        args.pallas = args.pallas_unavailable is None
     print(
         f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-        f"{len(args.shapes)} shapes x {args.dtype}; median of {args.repeats}",
+        f"peers {list(peers_of(args))}; {len(args.shapes)} shapes x {args.dtype}; "
+        f"median of {args.repeats}",
         file=sys.stderr,
     )
+    if args.pallas_unavailable:
+        shown = "marked n/a" if args.pallas else "left out (--pallas shows it, marked n/a)"
+        print(
+            f"bench: the Pallas peer's column is {shown}: {args.pallas_unavailable}",
+            file=sys.stderr,
+        )
 
     rows = run_all(args, kernels, budget)
     summary = geomeans(rows)
     print(heading(info))
-    print(format_table(rows, hbm_gbps(info["device"])))
+    print(format_table(rows, hbm_gbps(info["device"]), pallas=args.pallas))
     if any(r.precision == "high" for r in rows):
         print(
             "(precision high: ratio against jnp.matmul at precision highest, as "
@@ -319,7 +342,7 @@ def main(argv=None) -> int:
     print()
     print(format_geomeans(summary))
     if args.json:
-        write_json(args.json, info, args, rows, geomeans=summary)
+        write_json(args.json, info, args, rows, geomeans=summary, pallas=pallas.json_section(args))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         write_plot(args.plot, info, rows)

@@ -1,9 +1,11 @@
-"""Ours against the peer in one harness: the matmuls, the rows per precision, the ratios.
+"""Ours against the peers in one harness: the matmuls, the rows per precision, the ratios.
 
 Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run on the same inputs through the same
 timing. The peer of a float32 row is `jnp.matmul` at the same precision,
 except that `high` (3xTF32) is compared with `highest` (PEER_PRECISION).
+The product suite adds a second peer, PALLAS (bench/pallas.py: jax's Pallas
+Mosaic-GPU Hopper kernel at its best config), timed beside `jnp.matmul`.
 
 Rows whose result is checked (the training step, the chains) are checked
 against a truth, not against the peer: on a GPU the peer's TF32 result is
@@ -23,6 +25,10 @@ from jax import lax
 from jax_tiled.bench.timing import Budget, Timing, time_products
 
 PEER = "jnp.matmul"
+# The product suite's second peer (bench/pallas.py); a kernel row's ratio to it is
+# pallas_ratio, beside ratio (to PEER).
+PALLAS = "pallas"
+PEERS = (PEER, PALLAS)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 PRECISIONS = ("default", "high", "highest")
 
@@ -57,13 +63,13 @@ def relative_distance(x, truth) -> float:
 
 
 class VersusPeer:
-    """A row timed against the peer: it has a kernel, and the peer's rows are PEER."""
+    """A row timed against the peers: it has a kernel, and the peers' rows are PEERS."""
 
     kernel: str
 
     @property
     def is_peer(self) -> bool:
-        return self.kernel == PEER
+        return self.kernel in PEERS
 
 
 def measure_into(
@@ -86,12 +92,19 @@ def measure_into(
 
 
 def attach_ratio(row, peer) -> None:
+    """row's time against a peer row's: ratio (peer_ms, peer_precision) for PEER,
+    pallas_ratio (pallas_ms) for PALLAS."""
     if peer is None:
+        return
+    # a wrong result's speed is no ratio
+    ratio = peer.ms / row.ms if row.ms and peer.ms and row.error is None else None
+    if peer.kernel == PALLAS:
+        row.pallas_ms, row.pallas_ratio = peer.ms, ratio
         return
     row.peer_precision = peer.precision
     row.peer_ms = peer.ms
-    if row.ms and peer.ms and row.error is None:  # a wrong result's speed is no ratio
-        row.ratio = peer.ms / row.ms
+    if ratio is not None:
+        row.ratio = ratio
 
 
 def precisions_for(dtype: str, requested: list[str] | None) -> list[str]:
@@ -100,24 +113,28 @@ def precisions_for(dtype: str, requested: list[str] | None) -> list[str]:
     return list(PRECISIONS) if dtype == "float32" else ["default"]
 
 
-def count_rows(kernels: dict[str, list[str]]) -> int:
-    """Rows that measure_against_peers(kernels, ...) makes."""
-    return len({PEER_PRECISION[p] for p in kernels}) + sum(map(len, kernels.values()))
+def count_rows(kernels: dict[str, list[str]], peers: tuple[str, ...] = (PEER,)) -> int:
+    """Rows that measure_against_peers(kernels, ..., peers) makes."""
+    peer_rows = len(peers) * len({PEER_PRECISION[p] for p in kernels})
+    return peer_rows + sum(map(len, kernels.values()))
 
 
-def measure_against_peers(kernels: dict[str, list[str]], measure) -> list:
-    """Rows of measure(precision, kernel) for each precision's kernels: the peer
-    once per peer precision, before the kernels it is compared with, and each
-    kernel row with its ratio to it."""
-    rows, peers = [], {}
+def measure_against_peers(
+    kernels: dict[str, list[str]], measure, peers: tuple[str, ...] = (PEER,)
+) -> list:
+    """Rows of measure(precision, kernel) for each precision's kernels: each peer
+    (PEER first, then PALLAS where asked) once per peer precision, before the
+    kernels compared with them, and each kernel row with its ratios to them."""
+    rows, peer_rows = [], {}
     for precision, precision_kernels in kernels.items():
         peer_prec = PEER_PRECISION[precision]
-        if peer_prec not in peers:
-            peers[peer_prec] = measure(peer_prec, PEER)
-            rows.append(peers[peer_prec])
+        if peer_prec not in peer_rows:
+            peer_rows[peer_prec] = [measure(peer_prec, peer) for peer in peers]
+            rows += peer_rows[peer_prec]
         for kernel in precision_kernels:
             row = measure(precision, kernel)
-            attach_ratio(row, peers[peer_prec])
+            for peer in peer_rows[peer_prec]:
+                attach_ratio(row, peer)
             rows.append(row)
     return rows
 

@@ -1,11 +1,11 @@
-"""The PNG bar chart (--plot): TFLOP/s per shape, one bar per kernel and the peer."""
+"""The PNG bar chart (--plot): TFLOP/s per shape, one bar per kernel and peer."""
 
 from __future__ import annotations
 
 import sys
 from typing import TYPE_CHECKING
 
-from jax_tiled.bench.harness import PEER, PEER_PRECISION
+from jax_tiled.bench.harness import PEER_PRECISION, PEERS
 from jax_tiled.bench.report import device_label
 
 if TYPE_CHECKING:
@@ -29,7 +29,8 @@ def pyplot():
 def write_plot(path: str, info: dict, rows: list[Row]) -> None:
     """TFLOP/s per shape, one bar per kernel and peer; one panel per dtype/precision."""
     plt = pyplot()
-    panels = _plot_panels([row for row in rows if row.tflops is not None])
+    rows = [row for row in rows if row.tflops is not None]
+    panels = _plot_panels(rows)
     if not panels:
         print("bench: nothing to plot (every row failed)", file=sys.stderr)
         return
@@ -42,7 +43,8 @@ def write_plot(path: str, info: dict, rows: list[Row]) -> None:
     )
     for ax, ((dtype, precision), prows) in zip(axes[:, 0], panels.items()):
         _plot_panel(ax, prows, precision, f"{dtype}, precision {precision}")
-    fig.suptitle(f"jax_tiled vs {PEER} - {device_label(info)} - {info['date'][:16]}")
+    peers = " and ".join(p for p in PEERS if any(r.kernel == p for r in rows)) or PEERS[0]
+    fig.suptitle(f"jax_tiled vs {peers}\n{device_label(info)} - {info['date'][:16]}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -69,11 +71,12 @@ def _max_shapes(panels) -> int:
 def _plot_panel(ax, rows: list[Row], precision: str, title: str) -> None:
     shapes = list(dict.fromkeys(r.shape for r in rows))
     names = list(dict.fromkeys(r.kernel for r in rows))
-    names.sort(key=lambda k: (k != PEER, k == "auto"))  # peer first, auto last
+    # the peers first, in PEERS' order, auto last
+    names.sort(key=lambda k: (PEERS.index(k) if k in PEERS else len(PEERS), k == "auto"))
     labels = {k: k for k in names}
     for r in rows:  # peers for 'high' run at 'highest': say so in the legend
         if r.is_peer and r.precision != precision:
-            labels[PEER] = f"{PEER} ({r.precision})"
+            labels[r.kernel] = f"{r.kernel} ({r.precision})"
     width = 0.8 / len(names)
     value = {(r.shape, r.kernel): r.tflops for r in rows}
     for i, name in enumerate(names):

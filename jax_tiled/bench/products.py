@@ -1,4 +1,5 @@
-"""The product suite: one row per shape, dtype, precision and kernel, against the peer."""
+"""The product suite: one row per shape, dtype, precision and kernel, against the peers
+(jnp.matmul; with --pallas, also the Pallas kernel at its best config: bench/pallas.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_tiled.bench import pallas
 from jax_tiled.bench.harness import (
+    PALLAS,
+    PEER,
     VersusPeer,
     count_rows,
     kernels_for,
@@ -72,15 +76,29 @@ class Row(VersusPeer):
     ratio: float | None = None
     peer_ms: float | None = None
     peer_precision: str | None = None
+    pallas_ms: float | None = None  # the PALLAS peer's time, and ours against it
+    pallas_ratio: float | None = None
     rel_error: float | None = None
     calls: int | None = None
     samples_ms: list[float] | None = None
     error: str | None = None
+    not_applicable: str | None = None  # a PALLAS row it cannot compute: why
+    config: str | None = None  # a PALLAS row: the fastest config's name
+    sweep: list[pallas.SweepEntry] | None = None  # a PALLAS row: each config's timing
 
 
 def measure_row(
-    shape: Shape, dtype: str, precision: str, kernel: str, sets, ref, args, budget: Budget
+    shape: Shape,
+    dtype: str,
+    precision: str,
+    kernel: str,
+    sets,
+    ref,
+    args,
+    budget: Budget,
+    describe=lambda text: None,
 ) -> Row:
+    """One row: PEER, PALLAS (its sweep; describe(config) as each starts) or a kernel."""
     row = Row(
         shape.name,
         shape.batch,
@@ -93,15 +111,20 @@ def measure_row(
         kernel,
         len(sets),
     )
-    timing = measure_into(
-        row,
-        product_fn(shape, precision, kernel),
-        sets,
-        shape.flops,
-        args,
-        budget,
-        keep_first=ref is not None,
-    )
+    if kernel == PALLAS:
+        timing = pallas.sweep_into(
+            row, shape, sets, args, budget, describe, keep_first=ref is not None
+        )
+    else:
+        timing = measure_into(
+            row,
+            product_fn(shape, precision, kernel),
+            sets,
+            shape.flops,
+            args,
+            budget,
+            keep_first=ref is not None,
+        )
     if timing is None:
         return row
     if shape.skinny:
@@ -135,12 +158,19 @@ def run_shape(
     ref = reference(shape, sets) if args.check and small else None
 
     def measure(precision, kernel):
-        progress.describe(f"{shape.name} {dtype} {precision} {kernel}")
-        row = measure_row(shape, dtype, precision, kernel, sets, ref, args, budget)
+        label = f"{shape.name} {dtype} {precision} {kernel}"
+        progress.describe(label)
+        describe = lambda config: progress.describe(f"{label} {config}")
+        row = measure_row(shape, dtype, precision, kernel, sets, ref, args, budget, describe)
         progress.step()
         return row
 
-    return measure_against_peers(kernels, measure)
+    return measure_against_peers(kernels, measure, peers_of(args))
+
+
+def peers_of(args) -> tuple[str, ...]:
+    """The peers each row is timed against: PEER, and PALLAS with --pallas."""
+    return (PEER, PALLAS) if args.pallas else (PEER,)
 
 
 def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
@@ -151,7 +181,7 @@ def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
     ]
     rows = []
     with Progress(
-        sum(count_rows(ks) for _, _, ks in work), enabled=not args.no_progress
+        sum(count_rows(ks, peers_of(args)) for _, _, ks in work), enabled=not args.no_progress
     ) as progress:
         for shape, dtype, precision_kernels in work:
             rows += run_shape(shape, dtype, precision_kernels, args, budget, progress)

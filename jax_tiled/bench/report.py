@@ -28,6 +28,8 @@ HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 203
 
 
 def geomeans(rows: list[Row]) -> list[dict]:
+    """Per (dtype, precision, kernel): the geometric mean and minimum of the ratios to
+    jnp.matmul, and under "pallas" those to the Pallas peer where a row has one."""
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
         if not row.is_peer:
@@ -35,6 +37,7 @@ def geomeans(rows: list[Row]) -> list[dict]:
     summary = []
     for (dtype, precision, kernel), group in groups.items():
         r = [row.ratio for row in group if row.ratio]
+        vs_pallas = [row.pallas_ratio for row in group if row.pallas_ratio]
         summary.append(
             {
                 "dtype": dtype,
@@ -42,12 +45,23 @@ def geomeans(rows: list[Row]) -> list[dict]:
                 "kernel": kernel,
                 "n": len(r),
                 "failed": sum(row.error is not None for row in group),
-                "geomean": math.exp(sum(map(math.log, r)) / len(r)) if r else None,
+                "geomean": _geomean(r),
                 "min": min(r) if r else None,
                 "below_0.8": sum(x < 0.8 for x in r),
+                "pallas": {
+                    "n": len(vs_pallas),
+                    "geomean": _geomean(vs_pallas),
+                    "min": min(vs_pallas),
+                }
+                if vs_pallas
+                else None,
             }
         )
     return summary
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def _fmt(value, spec: str) -> str:
@@ -64,7 +78,9 @@ def _gbps_cells(row: Row, hbm: float | None) -> tuple[str, str]:
     return gbps, _fmt(hbm and 100 * row.gbps / hbm, ".0f")
 
 
-def format_table(rows: list[Row], hbm: float | None) -> str:
+def format_table(rows: list[Row], hbm: float | None, pallas: bool = False) -> str:
+    """The product rows; with `pallas`, the ratio to the Pallas peer ("x pallas") and
+    the Pallas rows' fastest config ("config") as two more columns."""
     head = (
         "shape",
         "dtype",
@@ -76,9 +92,11 @@ def format_table(rows: list[Row], hbm: float | None) -> str:
         "GB/s",
         "%HBM",
         "x peer",
+        *(("x pallas",) if pallas else ()),
         "rel.err",
+        *(("config",) if pallas else ()),
     )
-    return _text_table(head, rows, lambda row: _row_cells(row, hbm), left=4)
+    return _text_table(head, rows, lambda row: _row_cells(row, hbm, pallas), left=4)
 
 
 def _check_cells(head: tuple[str, ...], cells: tuple[str, ...]) -> None:
@@ -94,13 +112,23 @@ def _check_cells(head: tuple[str, ...], cells: tuple[str, ...]) -> None:
         raise ValueError(f"table cells must be non-empty words: {bad} in {cells}")
 
 
+def _instead_of_numbers(row) -> str | None:
+    """What a row without numbers shows after its first cells: ERROR and its error,
+    or n/a and why it does not apply (a Pallas row it cannot compute)."""
+    if row.error:
+        return f"ERROR {row.error.splitlines()[0][:100]}"
+    not_applicable = getattr(row, "not_applicable", None)
+    return not_applicable and f"n/a {not_applicable[:120]}"
+
+
 def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
     """Aligned columns, the first `left` (what a row measures) flush left. A failed
-    row shows those and the next cell, then its error in place of the numbers."""
+    row shows those and the next cell, then its error in place of the numbers; a
+    row that does not apply, why."""
     cells = {}
     for row in rows:
         row_cells = tuple(cells_of(row))
-        if row.error:  # its numbers are none, and its error is prose after them
+        if _instead_of_numbers(row):  # its numbers are none: prose after them
             row_cells = row_cells[: left + 1] + ("",) * (len(head) - left - 1)
         else:
             _check_cells(head, row_cells)
@@ -114,23 +142,26 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
 
     out = [line(head), line(["-" * w for w in widths])]
     for row in rows:
-        if row.error:
-            message = row.error.splitlines()[0][:100]
-            out.append(f"{line(cells[id(row)][: left + 1])}  ERROR {message}")
+        instead = _instead_of_numbers(row)
+        if instead:
+            out.append(f"{line(cells[id(row)][: left + 1])}  {instead}")
         else:
             out.append(line(cells[id(row)]))
     return "\n".join(out)
 
 
-def _row_cells(row: Row, hbm: float | None) -> tuple[str, ...]:
+def _row_cells(row: Row, hbm: float | None, pallas: bool) -> tuple[str, ...]:
     lead = (row.shape, row.dtype, row.precision, row.kernel, str(row.sets))
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
+    pallas_ratio = "peer" if row.is_peer else _fmt(row.pallas_ratio, ".3f")
     return lead + (
         _fmt(row.ms, ".4f"),
         _fmt(row.tflops, ".3f"),
         *_gbps_cells(row, hbm),
         ratio,
+        *((pallas_ratio,) if pallas else ()),
         _fmt(row.rel_error, ".1e"),
+        *((row.config or "-",) if pallas else ()),
     )
 
 
@@ -248,11 +279,18 @@ def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
 def format_geomeans(summary: list[dict]) -> str:
     out = ["geometric mean of ratios (peer time / kernel time):"]
     for g in summary:
+        vs_pallas = g.get("pallas")
         out.append(
             f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
             f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
             f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
             + (f", {g['failed']} failed" if g["failed"] else "")
+            + (
+                f"; vs pallas {vs_pallas['geomean']:.3f}x over {vs_pallas['n']} shapes, "
+                f"min {vs_pallas['min']:.3f}x"
+                if vs_pallas
+                else ""
+            )
         )
     return "\n".join(out)
 

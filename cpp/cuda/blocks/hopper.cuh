@@ -163,6 +163,51 @@ __device__ __forceinline__ void LoadBox(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// The same box, landing at `dst` and counted on `bar` in every block of the
+// cluster named in `cta_mask` (bit r: the block of rank r): one read of the
+// global memory serves the blocks that share the box.
+__device__ __forceinline__ void LoadBoxMulticast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                 int c0, int c1, int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(SharedAddress(bar)),
+      "h"(cta_mask)
+      : "memory");
+}
+
+// -------------------------------------------------- thread-block clusters
+
+// This block's rank in its cluster.
+__device__ __forceinline__ int ClusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return static_cast<int>(rank);
+}
+
+// Every thread of every block in the cluster: arrive, then wait for all the
+// others. Release/acquire order the barrier initialisations before the peers'
+// first remote arrivals and copies, and the peers' last ones before exit.
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::
+          : "memory");
+}
+
+// One arrival on the barrier at the same shared-memory offset as `bar` in
+// the cluster's block of rank `cta`. The arrival's default semantics (release
+// at CTA scope) suffice where what it announces is that this warp's wgmmas,
+// retired by wgmma.wait_group, are done reading a stage: a release at cluster
+// scope costs a memory barrier per arrival (NOTES.md, "clusters").
+__device__ __forceinline__ void ArriveInCluster(uint64_t* bar, int cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(SharedAddress(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -215,16 +260,44 @@ struct SwizzledTile {
     return box * kBoxBytes + row * kSwizzleBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16;
   }
 
-  // Box b of the tile at (x0, k0): its destination and its coordinates in the
-  // (row_length, rows) order of the operand's tensor map.
+  // The tensor map's box rows when kParts blocks share the tile, each
+  // copying one part: a K-major tile splits along x, an MN-major one into
+  // whole boxes.
+  template <int kParts = 1>
+  static constexpr int BoxRows() {
+    static_assert(kXExtent % (64 * kParts) == 0, "the parts are whole 64-row groups");
+    return kMnMajor ? kElements : kXExtent / kParts;
+  }
+
+  // Copies the tile at (x0, k0), counted on `bar`; the box map was encoded
+  // with BoxRows<1>().
   __device__ __forceinline__ static void Load(uint8_t* tile, const CUtensorMap* map, uint64_t* bar,
                                               int64_t x0, int64_t k0, int64_t batch) {
+    LoadPart<1>(tile, map, bar, x0, k0, batch, 0, 0);
+  }
+
+  // Copies part `part` of kParts of the tile at (x0, k0) into every block of
+  // `cta_mask` (kParts > 1), where it lands at the same offset of `tile`
+  // and is counted on the barrier at the same offset as `bar`; the map was
+  // encoded with BoxRows<kParts>().
+  template <int kParts>
+  __device__ __forceinline__ static void LoadPart(uint8_t* tile, const CUtensorMap* map,
+                                                  uint64_t* bar, int64_t x0, int64_t k0,
+                                                  int64_t batch, int part, uint16_t cta_mask) {
+    constexpr int kRows = kXExtent / kParts;  // along x, per part
+    const int x_part = static_cast<int>(x0) + part * kRows, k = static_cast<int>(k0);
+    uint8_t* const dst = tile + part * kRows * kSwizzleBytes;  // either way: rows x 128 bytes
+    auto load = [&](uint8_t* to, int c0, int c1) {
+      if constexpr (kParts > 1)
+        LoadBoxMulticast(to, map, bar, c0, c1, static_cast<int>(batch), cta_mask);
+      else LoadBox(to, map, bar, c0, c1, static_cast<int>(batch));
+    };
+    if constexpr (kMnMajor) {
 #pragma unroll
-    for (int box = 0; box < kBoxes; ++box) {
-      const int x = static_cast<int>(x0) + box * kElements, k = static_cast<int>(k0);
-      if constexpr (kMnMajor)
-        LoadBox(tile + box * kBoxBytes, map, bar, x, k, static_cast<int>(batch));
-      else LoadBox(tile, map, bar, k, x, static_cast<int>(batch));
+      for (int box = 0; box < kRows / kElements; ++box)
+        load(dst + box * kBoxBytes, x_part + box * kElements, k);
+    } else {
+      load(dst, k, x_part);
     }
   }
 };

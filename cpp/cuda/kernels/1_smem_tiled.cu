@@ -9,13 +9,14 @@ namespace jax_tiled::cuda {
 namespace {
 
 template <int kTile, bool kSkipSecondSync = false>
-cudaError_t LaunchSmem(const LaunchPlan&, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t LaunchSmem(const LaunchPlan&, const Product& p, void* out,
+                       const LaunchContext& context) {
   return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
     using In = decltype(in);
     using Out = decltype(result);
     return LaunchSmemTiled<kTile, In, Out, AccumulatorOf<In, Out>, kSkipSecondSync>(
         p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
-        stream);
+        context.stream);
   });
 }
 

@@ -6,13 +6,13 @@
 namespace jax_tiled::cuda {
 namespace {
 
-cudaError_t Launch(const LaunchPlan&, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t Launch(const LaunchPlan&, const Product& p, void* out, const LaunchContext& context) {
   return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
     using In = decltype(in);
     using Out = decltype(result);
     return LaunchRegisterBlocked<In, Out, AccumulatorOf<In, Out>>(
         p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
-        stream);
+        context.stream);
   });
 }
 

@@ -11,14 +11,15 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
                                                                  : PlanOf<WarpTileSmall>();
 }
 
-cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
+                   const LaunchContext& context) {
   return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
     using In = decltype(in);
     using Out = decltype(result);
     return WithConfig<WarpTileLarge, WarpTileSmall>(plan, [&](auto cfg) {
       return LaunchWarpTiledWith<decltype(cfg), In, Out, AccumulatorOf<In, Out>>(
           p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
-          stream);
+          context.stream);
     });
   });
 }

@@ -16,13 +16,14 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
                                                                  : PlanOf<PipelinedSmall>();
 }
 
-cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
+                   const LaunchContext& context) {
   return VisitOutput<kTakes>(p.out_type, [&](auto result) {
     using Out = decltype(result);
     return WithConfig<PipelinedLarge, PipelinedSmall>(plan, [&](auto cfg) {
       return LaunchPipelinedWith<decltype(cfg), Out>(p.dims, static_cast<const float*>(p.a),
                                                      static_cast<const float*>(p.b),
-                                                     static_cast<Out*>(out), stream);
+                                                     static_cast<Out*>(out), context.stream);
     });
   });
 }

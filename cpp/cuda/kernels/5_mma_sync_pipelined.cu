@@ -15,9 +15,10 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
                                                             : PlanOf<MmaSmall<float>>();
 }
 
-cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
+                   const LaunchContext& context) {
   return VisitInput<kMmaTakes>(
-      p.in_type, [&](auto in) { return LaunchMmaFor<decltype(in)>(plan, p, out, stream); });
+      p.in_type, [&](auto in) { return LaunchMmaFor<decltype(in)>(plan, p, out, context); });
 }
 
 }  // namespace

@@ -53,6 +53,7 @@
 #include "cuda/blocks/async_copy.cuh"
 #include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
+#include "cuda/blocks/epilogue.cuh"
 #include "cuda/blocks/tf32.cuh"
 #include "cuda/kernel.h"
 
@@ -417,50 +418,23 @@ __device__ __forceinline__ void MmaSlab(float (&acc)[Cfg::kTilesM][Cfg::kTilesN]
   }
 }
 
-// Two adjacent outputs as one store; p is 2-element aligned.
-template <class Out>
-__device__ __forceinline__ void StorePair(Out* p, float v0, float v1) {
-  if constexpr (std::is_same_v<Out, __half>) {
-    *reinterpret_cast<__half2*>(p) =
-        __halves2half2(FromAccumulator<__half>(v0), FromAccumulator<__half>(v1));
-  } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-    *reinterpret_cast<__nv_bfloat162*>(p) =
-        __halves2bfloat162(FromAccumulator<__nv_bfloat16>(v0), FromAccumulator<__nv_bfloat16>(v1));
-  } else {
-    static_assert(std::is_same_v<Out, float>, "mma results are float, bfloat16 or float16");
-    *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-  }
-}
-
-// Writes the warp's accumulators (the c layout of Mma) to `out`, the output
-// matrix of this batch, clipped to it. pairs: every row of out starts
-// 2-element aligned, so the two columns a lane holds (2t, 2t + 1: even) can
-// be stored at once when both are inside.
+// Writes the warp's accumulators (the c layout of Mma) to `out`, clipped to
+// the matrix (epilogue.cuh: the same writer as wgmma's).
 template <class Cfg, class Out>
 __device__ __forceinline__ void StoreWarpTile(const float (&acc)[Cfg::kTilesM][Cfg::kTilesN][4],
-                                              Out* out, const MatmulDims& dims, int64_t row0,
-                                              int64_t col0, bool pairs) {
+                                              const OutputWriter<Out>& out, int64_t row0,
+                                              int64_t col0) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < Cfg::kTilesM; ++i) {
+  for (int i = 0; i < Cfg::kTilesM; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // c0, c1 at row g; c2, c3 at row g + 8
       const int64_t row = row0 + i * 16 + h * 8 + lane / 4;
-      if (row >= dims.m) continue;
-      Out* out_row = out + row * dims.ldc;
+      if (!out.RowInside(row)) continue;
 #pragma unroll
-      for (int j = 0; j < Cfg::kTilesN; ++j) {
-        const int64_t col = col0 + j * 8 + lane % 4 * 2;
-        const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (pairs && col + 1 < dims.n) {
-          StorePair(out_row + col, v0, v1);
-        } else {
-          if (col < dims.n) out_row[col] = FromAccumulator<Out>(v0);
-          if (col + 1 < dims.n) out_row[col + 1] = FromAccumulator<Out>(v1);
-        }
-      }
+      for (int j = 0; j < Cfg::kTilesN; ++j)
+        out.Pair(row, col0 + j * 8 + lane % 4 * 2, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
     }
-  }
 }
 
 template <class Cfg, bool kAKMajor>
@@ -547,8 +521,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       acc.EndSlab(slab);
       read = read == Cfg::kStages - 1 ? 0 : read + 1;
     }
-    StoreWarpTile<Cfg>(acc.Result(), out + batch * dims.out_batch_stride, dims, row0 + warp_m,
-                       col0 + warp_n, pair_stores);
+    StoreWarpTile<Cfg>(acc.Result(), OutputWriter<Out>(out, dims, batch, pair_stores),
+                       row0 + warp_m, col0 + warp_n);
     __syncthreads();  // the next tile's first copies overwrite stages still being read
   }
 }
@@ -640,15 +614,17 @@ inline constexpr Takes kMmaTakes = TensorCoreTakes(80, /*hopper_only=*/false);
 // The descriptor's launcher for one input type, instantiated per input in
 // its own translation unit (kernel.h, JAX_TILED_PER_INPUT_LAUNCHER).
 template <class In>
-cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out,
+                         const LaunchContext& context) {
   return VisitOutput<kMmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
     using Out = decltype(result);
     const auto* a = static_cast<const In*>(p.a);
     const auto* b = static_cast<const In*>(p.b);
     if constexpr (std::is_same_v<In, float>)
       if (p.SplitsTf32())
-        return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
-    return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), stream);
+        return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out),
+                                            context.stream);
+    return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), context.stream);
   });
 }
 

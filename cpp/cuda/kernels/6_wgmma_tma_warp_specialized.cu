@@ -32,9 +32,10 @@ LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
   return PlanWgmma(p, device.multiprocessors);
 }
 
-cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out, cudaStream_t stream) {
+cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
+                   const LaunchContext& context) {
   return VisitInput<kWgmmaTakes>(
-      p.in_type, [&](auto in) { return LaunchWgmmaFor<decltype(in)>(plan, p, out, stream); });
+      p.in_type, [&](auto in) { return LaunchWgmmaFor<decltype(in)>(plan, p, out, context); });
 }
 
 }  // namespace

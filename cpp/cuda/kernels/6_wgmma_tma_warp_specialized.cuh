@@ -53,18 +53,24 @@
 
 #include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
+#include "cuda/blocks/epilogue.cuh"
 #include "cuda/blocks/hopper.cuh"
 #include "cuda/blocks/tf32.cuh"
+#include "cuda/blocks/tile_scheduler.cuh"
 #include "cuda/kernel.h"
 
 namespace jax_tiled::cuda {
 
-template <int kBlockN_, int kStages_>
+// kClusterM: blocks per cluster, along M; the blocks of a cluster share their
+// B tiles, each copying 1 / kClusterM of every B slab for all of them
+// (PersistentTileScheduler, SwizzledTile::LoadPart).
+template <int kBlockN_, int kStages_, int kClusterM_ = 1>
 struct WgmmaConfig {
   static constexpr int kConsumers = 2;  // warpgroups, 64 output rows each
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr int kClusterM = kClusterM_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
@@ -73,9 +79,12 @@ struct WgmmaConfig {
   static constexpr bool kRoomForBlockedSum = RoomForTwoSets(kBlockN / 2, kConsumerRegisters);
 };
 
-// 128 x 256 tiles, 4 stages of 48 KB; 128 x 128 tiles, 6 stages of 32 KB.
-// 3xTF32 stages carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
-using WgmmaWide = WgmmaConfig<256, 4>;
+// 128 x 256 tiles, 4 stages of 48 KB, for 16-bit inputs in pairs sharing B;
+// one TF32 pass runs them single (clusters measured no faster there: NOTES.md,
+// "clusters sharing B"). 128 x 128 tiles, 6 stages of 32 KB. 3xTF32 stages
+// carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
+using WgmmaWide = WgmmaConfig<256, 4, 2>;
+using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
 using WgmmaSplit = WgmmaConfig<128, 4>;
 
@@ -173,7 +182,9 @@ struct WgmmaStages {
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's arrival (the copy engine adds the bytes), or every splitter's.
       hopper::InitBarrier(&full[s], Ops::kSplit ? splitters : 1);
-      hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers);  // every consumer warp
+      // Every consumer warp of every block of the cluster: each block's
+      // producer copies into all of their stages.
+      hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers * Cfg::kClusterM);
       if constexpr (Ops::kSplit) hopper::InitBarrier(&landed[s], 1);
     }
     hopper::FenceBarrierInit();
@@ -193,55 +204,56 @@ struct StageCursor {
 // Warpgroup 0. One thread issues the copy engine's loads, kStages slabs ahead
 // of the consumers; for 3xTF32 the other three warps split each landed B slab
 // into hi (in place) and lo (beside it) before the consumers may read it. The
-// rest of its registers go to the consumers (setmaxnreg).
-template <class Cfg, class Ops>
+// rest of its registers go to the consumers (setmaxnreg). Both walk the
+// block's work units in the scheduler's order, as the consumers do.
+template <class Cfg, class Ops, class Scheduler>
 struct WgmmaProducer {
   using Stages = WgmmaStages<Cfg, Ops>;
   using Tiles = typename Stages::Tiles;
   static constexpr int kSplitters = 96;  // the warpgroup's threads past its first warp
 
   __device__ __forceinline__ static void Run(const Stages& stages, const CUtensorMap* a_map,
-                                             const CUtensorMap* b_map, const MatmulDims& dims,
-                                             const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
-                                             int64_t slabs) {
+                                             const CUtensorMap* b_map, const MatmulDims& dims) {
     hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      Copy(stages, a_map, b_map, dims, order, slabs);
+      Copy(stages, a_map, b_map, dims);
     } else if constexpr (Ops::kSplit) {
-      if (threadIdx.x >= 32) SplitB(stages, order, slabs, threadIdx.x - 32);
+      if (threadIdx.x >= 32) SplitB(stages, dims, threadIdx.x - 32);
     }
   }
 
  private:
+  // A: this block's own rows. B: part `rank` of each slab, multicast to every
+  // block of the cluster, whose full barriers count the bytes of all parts.
   __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
-                                              const CUtensorMap* b_map, const MatmulDims& dims,
-                                              const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
-                                              int64_t slabs) {
+                                              const CUtensorMap* b_map, const MatmulDims& dims) {
+    constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
     uint64_t* const copied = Ops::kSplit ? stages.landed : stages.full;
     StageCursor<Cfg::kStages> at;
-    for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
-      int64_t batch, row0, col0;
-      order.Locate(tile, batch, row0, col0);
-      const int64_t a_batch = dims.a_batch_stride ? batch : 0;
-      const int64_t b_batch = dims.b_batch_stride ? batch : 0;
-      for (int64_t slab = 0; slab < slabs; ++slab) {
-        hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);  // the consumers released it
+    Scheduler scheduler;
+    for (WorkUnit unit; scheduler.Next(dims, unit);) {
+      const int a_batch = dims.a_batch_stride ? unit.batch : 0;
+      const int b_batch = dims.b_batch_stride ? unit.batch : 0;
+      for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
+        // Every block of the cluster released the stage.
+        hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);
         hopper::ArriveExpectingBytes(&copied[at.stage], Tiles::A::kBytes + Tiles::B::kBytes);
-        Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], row0, slab * Tiles::kSlab,
+        Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], unit.row0, slab * Tiles::kSlab,
                        a_batch);
-        Tiles::B::Load(stages.B(at.stage), b_map, &copied[at.stage], col0, slab * Tiles::kSlab,
-                       b_batch);
+        Tiles::B::template LoadPart<Cfg::kClusterM>(stages.B(at.stage), b_map, &copied[at.stage],
+                                                    unit.col0, slab * Tiles::kSlab, b_batch,
+                                                    Scheduler::Rank(), kCluster);
         at.Advance();
       }
     }
   }
 
-  __device__ __forceinline__ static void SplitB(const Stages& stages,
-                                                const TileOrder<Cfg::kBlockM, Cfg::kBlockN>& order,
-                                                int64_t slabs, int splitter) {
+  __device__ __forceinline__ static void SplitB(const Stages& stages, const MatmulDims& dims,
+                                                int splitter) {
     StageCursor<Cfg::kStages> at;
-    for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
-      for (int64_t slab = 0; slab < slabs; ++slab) {
+    Scheduler scheduler;
+    for (WorkUnit unit; scheduler.Next(dims, unit);) {
+      for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
         uint4* const hi = reinterpret_cast<uint4*>(stages.B(at.stage));
         uint4* const lo = reinterpret_cast<uint4*>(stages.BLo(at.stage));
@@ -291,26 +303,27 @@ struct WgmmaConsumer {
     hopper::GrowRegisters<Cfg::kConsumerRegisters>();
   }
 
-  // acc = this warpgroup's rows of the tile's product.
-  __device__ __forceinline__ void Mainloop(const Stages& stages, int64_t slabs) {
+  // acc = this warpgroup's rows of the unit's product.
+  __device__ __forceinline__ void Mainloop(const Stages& stages, const WorkUnit& unit) {
+    const int slabs = unit.slab_end - unit.slab_begin;  // counted from 0 below
     int previous = -1;  // the stage whose wgmmas may still be reading
     if constexpr (Ops::kSplit || kBlocked)
 #pragma unroll
       for (float& x : acc) x = 0.0f;
     // Unconditional pairs, so ptxas can see that a buffer is reloaded only
     // after the wait that retired its last readers (else it serialises wgmma).
-    for (int64_t slab = 0; slab + 1 < slabs; slab += 2) {
+    for (int slab = 0; slab + 1 < slabs; slab += 2) {
       Consume(stages, slab, slabs, even, previous);
       Consume(stages, slab + 1, slabs, odd, previous);
     }
     if (slabs % 2) Consume(stages, slabs - 1, slabs, even, previous);
     hopper::WgmmaWait<0>();
     hopper::FenceAccumulators(acc);
-    if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
+    if (previous >= 0) Release(stages, previous);
   }
 
  private:
-  __device__ __forceinline__ void Consume(const Stages& stages, int64_t slab, int64_t slabs, A& a,
+  __device__ __forceinline__ void Consume(const Stages& stages, int slab, int slabs, A& a,
                                           int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
@@ -333,7 +346,7 @@ struct WgmmaConsumer {
       hopper::WgmmaCommit();
       // The other consumer warpgroup keeps the tensor cores busy meanwhile.
       AddPartial();
-      if (lane == 0) hopper::Arrive(&stages.empty[at.stage]);
+      Release(stages, at.stage);
     } else {
       // The running sum these wgmmas add into, and whether they start it afresh.
       auto& sum = SumOf();
@@ -353,20 +366,28 @@ struct WgmmaConsumer {
         // warpgroup keeps the tensor cores busy meanwhile), add it into acc,
         // and hand back both stages still held.
         AddPartial();
-        if (lane == 0) {
-          if (previous >= 0) hopper::Arrive(&stages.empty[previous]);
-          hopper::Arrive(&stages.empty[at.stage]);
-        }
+        if (previous >= 0) Release(stages, previous);
+        Release(stages, at.stage);
         previous = -1;
       } else {
         // Keep this slab's wgmmas in flight; the previous slab's are done, so
         // its stage can go back to the producer and its A registers be reloaded.
         hopper::WgmmaWait<1>();
-        if (previous >= 0 && lane == 0) hopper::Arrive(&stages.empty[previous]);
+        if (previous >= 0) Release(stages, previous);
         previous = at.stage;
       }
     }
     at.Advance();
+  }
+
+  // This warp is done reading `stage`: one arrival on its empty barrier in
+  // every block of the cluster (each block's producer copies into it).
+  __device__ __forceinline__ void Release(const Stages& stages, int stage) const {
+    if constexpr (Cfg::kClusterM == 1) {
+      if (lane == 0) hopper::Arrive(&stages.empty[stage]);
+    } else if (lane < Cfg::kClusterM) {
+      hopper::ArriveInCluster(&stages.empty[stage], lane);
+    }
   }
 
   // What one pass's wgmmas add into: the partial sum, or acc itself.
@@ -384,66 +405,56 @@ struct WgmmaConsumer {
   }
 };
 
-// Writes a consumer's accumulators to the caller's C, straight from
-// registers. The accumulator layout of m64nN: per 8 columns, a thread holds
-// rows r and r + 8 (r = 16 * warp + lane / 4), columns 2 * (lane % 4) + {0, 1}.
+// The epilogue that writes a consumer's accumulators to the caller's C
+// straight from registers (OutputWriter). The accumulator layout of m64nN:
+// per 8 columns, a thread holds rows r and r + 8 (r = 16 * warp + lane / 4),
+// columns 2 * (lane % 4) + {0, 1}. An epilogue is a struct of this shape:
+// Params (its kernel argument), kSharedBytes (its shared memory, past the
+// stages) and Store.
 template <class Cfg, class Ops, class Out>
-struct WgmmaEpilogue {
+struct WgmmaRegisterEpilogue {
+  struct Params {
+    Out* out;
+    bool paired_stores;  // every row of C starts aligned to two elements
+  };
+  static constexpr int kSharedBytes = 0;
+
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
-                                               const MatmulDims& dims, Out* out, int64_t batch,
-                                               int64_t row0, int64_t col0, bool paired_stores) {
-    const float* const acc = consumer.acc;
+                                               const Params& params, const MatmulDims& dims,
+                                               const WorkUnit& unit) {
+    const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, unit.batch,
+                                                   params.paired_stores);
     const int lane = consumer.lane;
-    Out* const c = out + batch * dims.out_batch_stride;
-    const int64_t row = row0 + consumer.a_rows + 16 * consumer.warp + lane / 4;
+    const int64_t row = unit.row0 + consumer.a_rows + 16 * consumer.warp + lane / 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t r = row + 8 * half;
-      if (r >= dims.m) continue;
+      if (!c.RowInside(row + 8 * half)) continue;
 #pragma unroll
-      for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-        const int64_t col = col0 + 8 * j + 2 * (lane % 4);
-        const float x = acc[4 * j + 2 * half], y = acc[4 * j + 2 * half + 1];
-        if constexpr (Ops::kTransposedOut) {
-          if (col < dims.n) c[col * dims.ldc + r] = FromAccumulator<Out>(x);
-          if (col + 1 < dims.n) c[(col + 1) * dims.ldc + r] = FromAccumulator<Out>(y);
-          continue;
-        }
-        Out* const c_row = c + r * dims.ldc;
-        if (paired_stores && col + 1 < dims.n) {
-          StorePair(c_row + col, x, y);
-        } else {
-          if (col < dims.n) c_row[col] = FromAccumulator<Out>(x);
-          if (col + 1 < dims.n) c_row[col + 1] = FromAccumulator<Out>(y);
-        }
-      }
+      for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+        c.Pair(row + 8 * half, unit.col0 + 8 * j + 2 * (lane % 4), consumer.acc[4 * j + 2 * half],
+               consumer.acc[4 * j + 2 * half + 1]);
     }
   }
 
- private:
-  // Two adjacent columns as one store; `at` is aligned to the pair.
-  __device__ __forceinline__ static void StorePair(Out* at, float x, float y) {
-    if constexpr (std::is_same_v<Out, float>) {
-      *reinterpret_cast<float2*>(at) = make_float2(x, y);
-    } else if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-      *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
-    } else {
-      *reinterpret_cast<__half2*>(at) = __floats2half2_rn(x, y);
-    }
+  // The kernel argument for `out`.
+  static Params ParamsFor(const MatmulDims& dims, Out* out) {
+    return {out, dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
+                     reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0};
   }
 };
 
-// The kernel: the producer, and consumers that run the mainloop and the
-// epilogue for each of the block's tiles. A persistent grid walks the tiles
-// in TileOrder, so the producer fetches the next tile while the consumers
-// store the last one.
-template <class Cfg, class Ops, class Out>
+// The kernel, composed of its pieces: the configuration (tile, stages,
+// cluster), the operands (Ops), the tile scheduler that hands each block its
+// work units, and the epilogue. The producer and the consumers walk the same
+// units; a persistent grid lets the producer fetch the next unit while the
+// consumers store the last one.
+template <class Cfg, class Ops, class Scheduler, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
-                const __grid_constant__ CUtensorMap b_map, MatmulDims dims, Out* __restrict__ out,
-                bool paired_stores) {
+                const __grid_constant__ CUtensorMap b_map, MatmulDims dims,
+                typename Epilogue::Params out) {
 #if JAX_TILED_SM90A
-  using Producer = WgmmaProducer<Cfg, Ops>;
+  using Producer = WgmmaProducer<Cfg, Ops, Scheduler>;
   extern __shared__ uint8_t shared_raw[];
   const WgmmaStages<Cfg, Ops> stages(shared_raw);
   if (threadIdx.x == 0) {
@@ -451,21 +462,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     hopper::PrefetchTensorMap(&b_map);
     stages.Init(Producer::kSplitters);
   }
-  __syncthreads();
+  // The barriers are initialised before any block of the cluster copies into
+  // this one or arrives on them.
+  if constexpr (Cfg::kClusterM > 1) hopper::ClusterSync();
+  else __syncthreads();
 
-  const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
-  const int64_t slabs = (dims.k + WgmmaTiles<Cfg, Ops>::kSlab - 1) / WgmmaTiles<Cfg, Ops>::kSlab;
   if (threadIdx.x < 128) {
-    Producer::Run(stages, &a_map, &b_map, dims, order, slabs);
-    return;
+    Producer::Run(stages, &a_map, &b_map, dims);
+  } else {
+    WgmmaConsumer<Cfg, Ops> consumer;
+    Scheduler scheduler;
+    for (WorkUnit unit; scheduler.Next(dims, unit);) {
+      consumer.Mainloop(stages, unit);
+      Epilogue::Store(consumer, out, dims, unit);
+    }
   }
-  WgmmaConsumer<Cfg, Ops> consumer;
-  for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
-    int64_t batch, row0, col0;
-    order.Locate(tile, batch, row0, col0);
-    consumer.Mainloop(stages, slabs);
-    WgmmaEpilogue<Cfg, Ops, Out>::Store(consumer, dims, out, batch, row0, col0, paired_stores);
-  }
+  // No block leaves while another of its cluster may still arrive on its
+  // barriers.
+  if constexpr (Cfg::kClusterM > 1) hopper::ClusterSync();
 #endif
 }
 
@@ -537,74 +551,99 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return 3 * wide_tiles >= 2 * static_cast<int64_t>(multiprocessors);
 }
 
+// The pieces a configuration runs with: its scheduler and its epilogue.
+template <class Cfg, class Ops>
+using WgmmaScheduler = PersistentTileScheduler<Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterM,
+                                               WgmmaTiles<Cfg, Ops>::kSlab>;
 template <class Cfg, class Ops, class Out>
-cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+using WgmmaEpilogue = WgmmaRegisterEpilogue<Cfg, Ops, Out>;
+
+template <class Cfg, class Ops, class Out>
+cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
                             int persistent_blocks) {
   using In = typename Ops::In;
+  using Tiles = WgmmaTiles<Cfg, Ops>;
+  using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
   const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Cfg::kBlockM), &a_map))
+  if (cudaError_t err =
+          hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Tiles::A::BoxRows()), &a_map))
     return err;
   // One TF32 pass reads B as the copy engine rounds it; 3xTF32 splits B's
-  // float32 values in shared memory, so they must land whole.
+  // float32 values in shared memory, so they must land whole. Each block of a
+  // cluster copies its part of B.
   constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
-  if (cudaError_t err =
-          hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, Cfg::kBlockN), &b_map, kRoundB))
+  constexpr int kBRows = Tiles::B::template BoxRows<Cfg::kClusterM>();
+  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows), &b_map, kRoundB))
     return err;
-  constexpr auto kernel = WgmmaMatmul<Cfg, Ops, Out>;
-  constexpr int kShared = WgmmaTiles<Cfg, Ops>::kSharedBytes;
+  constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
+  constexpr int kShared = Tiles::kSharedBytes + Epilogue::kSharedBytes;
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
-  const dim3 grid(static_cast<unsigned>(persistent_blocks));
-  // Pairs of columns go out as one store when every row starts aligned to them.
-  const bool paired_stores = dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
-                             reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0;
-  kernel<<<grid, Cfg::kThreads, kShared, stream>>>(a_map, b_map, dims, out, paired_stores);
-  return cudaGetLastError();
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Cfg::kClusterM;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(static_cast<unsigned>(persistent_blocks));
+  launch.blockDim = dim3(Cfg::kThreads);
+  launch.dynamicSmemBytes = kShared;
+  launch.stream = context.stream;
+  launch.attrs = &cluster;
+  launch.numAttrs = Cfg::kClusterM > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, Epilogue::ParamsFor(dims, out));
 }
 
 template <class Cfg, class In, class Out, bool kSplit>
-cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, cudaStream_t stream,
+cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
                                int blocks) {
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
   if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
     if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, stream,
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
                                                                                 blocks);
     if (a_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, stream, blocks);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, stream, blocks);
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, blocks);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, blocks);
   } else {
     if (a_mn && b_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, stream, blocks);
-    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, stream, blocks);
-    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, stream, blocks);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, stream, blocks);
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, context, blocks);
+    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, context, blocks);
+    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, context, blocks);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, context, blocks);
   }
 }
 
 inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 
-// The plan for a product: 3xTF32 on WgmmaSplit, else wide tiles where they
-// fill the GPU; swapped for TF32 with B stored MN-major; a persistent grid of
-// one block per SM, or per tile where there are fewer.
+// The plan for a product: 3xTF32 on WgmmaSplit, else wide tiles in pairs
+// sharing B where they fill the GPU; swapped for TF32 with B stored MN-major;
+// a persistent grid of one block per SM (whole clusters), or per tile where
+// there are fewer.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
-  LaunchPlan plan = p.SplitsTf32()                                  ? PlanOf<WgmmaSplit>(swap_ab)
-                    : WgmmaUsesWideTiles(arranged, multiprocessors) ? PlanOf<WgmmaWide>(swap_ab)
-                                                                    : PlanOf<WgmmaNarrow>(swap_ab);
-  const int64_t tiles = arranged.batch * ((arranged.m + plan.block_m - 1) / plan.block_m) *
-                        ((arranged.n + plan.block_n - 1) / plan.block_n);
-  plan.persistent_blocks = static_cast<int>(std::min<int64_t>(tiles, multiprocessors));
-  return plan;
+  auto plan = [&](auto cfg) {
+    using Cfg = decltype(cfg);
+    // Every block of a cluster holds an SM at once: the persistent grid is
+    // whole clusters, no more than fit.
+    // (The slab depth does not change the tiles: any operands will do.)
+    using Scheduler = WgmmaScheduler<Cfg, WgmmaOperands<__half, false, false>>;
+    const int64_t clusters =
+        std::min<int64_t>(Scheduler::Units(arranged), multiprocessors / Cfg::kClusterM);
+    return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
+  };
+  if (p.SplitsTf32()) return plan(WgmmaSplit{});
+  if (WgmmaUsesWideTiles(arranged, multiprocessors))
+    return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
+  return plan(WgmmaNarrow{});
 }
 
 // The descriptor's launcher for one input type (kernel.h,
 // JAX_TILED_PER_INPUT_LAUNCHER).
 template <class In>
 cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
-                           cudaStream_t stream) {
+                           const LaunchContext& context) {
   constexpr bool kTf32 = std::is_same_v<In, float>;
   if (!WgmmaLayoutFits(kTf32, p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims))
     return cudaErrorInvalidValue;
@@ -615,11 +654,12 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (kTf32)
       if (p.SplitsTf32())
         return WithConfig<WgmmaSplit>(plan, [&](auto cfg) {
-          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, stream,
+          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context,
                                                                   plan.persistent_blocks);
         });
-    return WithConfig<WgmmaWide, WgmmaNarrow>(plan, [&](auto cfg) {
-      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, stream,
+    using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
+    return WithConfig<Wide, WgmmaNarrow>(plan, [&](auto cfg) {
+      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context,
                                                                plan.persistent_blocks);
     });
   });

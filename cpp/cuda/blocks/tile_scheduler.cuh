@@ -1,0 +1,58 @@
+// Tile schedulers: which output tile, and which of its slabs of K, each block
+// of a persistent grid computes next. A kernel's producer and consumers each
+// walk their own copy of the block's scheduler, so they agree on the order
+// without talking; a scheduler is one struct with Next(), and a new order (a
+// split of K, stream-K) is a new struct, not an edit of the kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/blocks/common.cuh"
+
+namespace jax_tiled::cuda {
+
+// A block's share of the product: the kBlockM x kBlockN output tile at (row0,
+// col0) of matrix `batch`, slabs [slab_begin, slab_end) of its K. 32-bit: the
+// copy engine's coordinates are, and a unit stays live in the consumers'
+// registers beside their accumulators.
+struct WorkUnit {
+  int batch, row0, col0;
+  int slab_begin, slab_end;
+};
+
+// Whole tiles, data-parallel, in TileOrder: block b of the grid takes tiles
+// b, b + grid, b + 2 grid, ... With clusters of kClusterM blocks (consecutive
+// in the grid), a cluster takes a kClusterM kBlockM x kBlockN tile and the
+// block of rank r its r-th kBlockM rows, so the blocks of a cluster share
+// their B tiles (the copy engine's multicast reads each once for all).
+// Its one register is the next tile; the rest is derived from the kernel's
+// parameters (dims), which cost none.
+template <int kBlockM, int kBlockN, int kClusterM, int kSlabDepth>
+struct PersistentTileScheduler {
+  using Order = TileOrder<kBlockM * kClusterM, kBlockN>;
+  int64_t next;
+
+  __device__ __forceinline__ PersistentTileScheduler() : next(blockIdx.x / kClusterM) {}
+
+  // This block's rank in its cluster.
+  __device__ __forceinline__ static int Rank() { return blockIdx.x % kClusterM; }
+
+  // The next unit, or false once the block's share is done.
+  __device__ __forceinline__ bool Next(const MatmulDims& dims, WorkUnit& unit) {
+    const Order order(dims);
+    if (next >= order.count) return false;
+    int64_t batch, row0, col0;
+    order.Locate(next, batch, row0, col0);
+    unit = {static_cast<int>(batch), static_cast<int>(row0) + Rank() * kBlockM,
+            static_cast<int>(col0), 0, static_cast<int>((dims.k + kSlabDepth - 1) / kSlabDepth)};
+    next += gridDim.x / kClusterM;
+    return true;
+  }
+
+  // The tiles (clusters of tiles) the grid walks.
+  static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
+};
+
+}  // namespace jax_tiled::cuda

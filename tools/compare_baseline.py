@@ -1,0 +1,83 @@
+"""Compare a benchmark run with a committed baseline, row by row, against the peer.
+
+    python tools/compare_baseline.py docs/perf/h100-2026-11-23-baseline-tf32-bf16.json run.json
+
+Both files are `python -m jax_tiled.bench --json` output. A row is matched by
+shape, dtype, precision and kernel; what is compared is the ratio against the
+peer measured in the same run (peer time / kernel time), since the peer's own
+time moves between processes and machines. Every matched row that lost more
+than --threshold (default 3%) is printed as a regression and the exit status
+is 1; rows only in one file are listed. A different device is an error: the
+ratios of two cards say nothing about a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def rows_by_key(run: dict) -> dict:
+    """The run's kernel rows (not the peer's) with a ratio, by (shape, dtype, precision, kernel)."""
+    return {
+        (r["shape"], r["dtype"], r["precision"], r["kernel"]): r
+        for r in run["rows"]
+        if r.get("ratio") is not None
+    }
+
+
+def compare(baseline: dict, run: dict, threshold: float) -> tuple[list[str], bool]:
+    """Report lines, and whether any row regressed by more than `threshold`."""
+    old, new = rows_by_key(baseline), rows_by_key(run)
+    lines, regressed = [], False
+    lines.append(
+        f"{'shape':<14} {'dtype':<9} {'precision':<9} {'kernel':<8} "
+        f"{'base':>6} {'now':>6} {'change':>7}"
+    )
+    for key in sorted(old.keys() & new.keys()):
+        before, after = old[key]["ratio"], new[key]["ratio"]
+        change = after / before - 1.0
+        flag = ""
+        if change < -threshold:
+            flag, regressed = "  REGRESSION", True
+        shape, dtype, precision, kernel = key
+        lines.append(
+            f"{shape:<14} {dtype:<9} {precision:<9} {kernel:<8} {before:>6.3f} {after:>6.3f} "
+            f"{100 * change:>+6.1f}%{flag}"
+        )
+    for label, keys in (
+        ("only in the baseline", old.keys() - new.keys()),
+        ("new", new.keys() - old.keys()),
+    ):
+        for key in sorted(keys):
+            lines.append(f"{' '.join(key)}: {label}")
+    return lines, regressed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("baseline")
+    p.add_argument("run")
+    p.add_argument(
+        "--threshold", type=float, default=0.03, help="largest loss not flagged (0.03: 3%%)"
+    )
+    args = p.parse_args(argv)
+    with open(args.baseline) as f:
+        baseline = json.load(f)
+    with open(args.run) as f:
+        run = json.load(f)
+    if baseline.get("device") != run.get("device"):
+        print(
+            f"different devices: {baseline.get('device')!r} and {run.get('device')!r}",
+            file=sys.stderr,
+        )
+        return 2
+    lines, regressed = compare(baseline, run, args.threshold)
+    print(f"ratio against the peer, {args.run} vs {args.baseline} ({run.get('device')})")
+    print("\n".join(lines))
+    return 1 if regressed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
