@@ -34,9 +34,23 @@ _SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 # ---- Arguments as jit takes them ----
 
 
-def array_like(x):
-    """Lists and tuples as arrays, before jit would take them for pytrees."""
-    return np.asarray(x) if isinstance(x, (list, tuple)) else x
+def operand(name: str, x, api: str):
+    """An operand as jnp.matmul takes it: an array, a scalar, or a list or
+    tuple of numbers (made an array here, before jit would take it for a
+    pytree); anything else a TypeError naming it."""
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if (
+        isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+        or hasattr(x, "__jax_array__")
+    ) and jnp.dtype(getattr(x, "dtype", np.float32)) != np.object_:
+        return x
+    shown = repr(x)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise TypeError(
+        f"{api}: {name} must be an array or a scalar (as jnp.asarray takes it), got "
+        f"{type(x).__name__} {shown}"
+    )
 
 
 def hashable(x):
@@ -48,22 +62,28 @@ def hashable(x):
 # ---- Kernel ----
 
 
-def kernel(name: Any, api: str = "jax_tiled.matmul") -> str:
+def kernel(name: Any, api: str) -> str:
     """ "auto" or a kernel some platform of this build has (the lowering checks
     the platform it lowers for)."""
     if not isinstance(name, str):
         raise TypeError(f"{api}: kernel must be a string, got {name!r}")
     known = {p: _ffi.kernel_names(p) for p in ("cpu", "cuda")}
-    if name != "auto" and not any(name in names for names in known.values()):
-        valid = "; ".join(f"on {p}: {['auto', *names]}" for p, names in known.items() if names)
-        raise ValueError(f"{api}: unknown kernel {name!r}; valid {valid}")
-    return name
+    if name == "auto" or any(name in names for names in known.values()):
+        return name
+    valid = "; ".join(f"on {p}: {['auto', *names]}" for p, names in known.items() if names)
+    if not known["cuda"] and name in _ffi.cuda_ladder_names():
+        raise ValueError(
+            f"{api}: kernel {name!r} is a CUDA kernel, not built in this install (no CUDA "
+            f"module: the package was built without nvcc, or with JAX_TILED_CUDA=OFF); "
+            f"valid {valid}"
+        )
+    raise ValueError(f"{api}: unknown kernel {name!r}; valid {valid}")
 
 
 # ---- Precision ----
 
 
-def _one_precision(p, allow_preset: bool) -> lax.Precision | lax.DotAlgorithmPreset:
+def _one_precision(p, allow_preset: bool, api: str) -> lax.Precision | lax.DotAlgorithmPreset:
     if isinstance(p, lax.Precision):
         return p
     if isinstance(p, lax.DotAlgorithmPreset) and allow_preset:
@@ -77,18 +97,20 @@ def _one_precision(p, allow_preset: bool) -> lax.Precision | lax.DotAlgorithmPre
             return lax.DotAlgorithmPreset[p]
     if isinstance(p, lax.DotAlgorithm):
         raise ValueError(
-            f"jax_tiled.matmul: unsupported precision {p!r}: a custom lax.DotAlgorithm; use a "
+            f"{api}: unsupported precision {p!r}: a custom lax.DotAlgorithm; use a "
             "lax.DotAlgorithmPreset (or its name) or a lax.Precision"
         )
     pair = "" if allow_preset else " in a pair (a lax.DotAlgorithmPreset stands alone)"
     raise ValueError(
-        f"jax_tiled.matmul: unsupported precision {p!r}{pair}; use None, a lax.Precision, one of "
+        f"{api}: unsupported precision {p!r}{pair}; use None, a lax.Precision, one of "
         "'default', 'high', 'highest', 'bfloat16', 'tensorfloat32', 'float32', a pair of them, "
         "or a lax.DotAlgorithmPreset or its name"
     )
 
 
-def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgorithmPreset:
+def canonical_precision(
+    precision: PrecisionLike, api: str = "jax_tiled.matmul"
+) -> lax.Precision | lax.DotAlgorithmPreset:
     """One lax.Precision or lax.DotAlgorithmPreset for a product, honouring
     jax.default_matmul_precision (which may name a preset, as for jnp.matmul).
     A per-operand pair takes the more precise of the two, as XLA does."""
@@ -98,21 +120,19 @@ def canonical_precision(precision: PrecisionLike) -> lax.Precision | lax.DotAlgo
             return lax.Precision.DEFAULT
     if isinstance(precision, (tuple, list)) and not isinstance(precision, lax.DotAlgorithm):
         if len(precision) != 2:
-            raise ValueError(
-                f"jax_tiled.matmul: a precision pair needs 2 entries, got {precision!r}"
-            )
+            raise ValueError(f"{api}: a precision pair needs 2 entries, got {precision!r}")
         return max(
-            (_one_precision(p, allow_preset=False) for p in precision),
+            (_one_precision(p, allow_preset=False, api=api) for p in precision),
             key=PRECISION_CODES.__getitem__,
         )
-    return _one_precision(precision, allow_preset=True)
+    return _one_precision(precision, allow_preset=True, api=api)
 
 
 def precision(precision: PrecisionLike, api: str, platform: str | None = None):
     """canonical_precision, and a preset that `platform` (default: the one this
     is traced for) refuses raises ValueError now, at trace time, naming the
     presets it takes."""
-    precision = canonical_precision(precision)
+    precision = canonical_precision(precision, api)
     if _presets.is_preset(precision):
         _presets.check(platform or _presets.trace_platform(), precision, api)
     return precision
@@ -121,7 +141,7 @@ def precision(precision: PrecisionLike, api: str, platform: str | None = None):
 # ---- Dtypes ----
 
 
-def float_dtype(name: str, dtype, api: str = "jax_tiled.matmul") -> np.dtype:
+def float_dtype(name: str, dtype, api: str) -> np.dtype:
     """`dtype` if the kernels compute it, else a TypeError naming it."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
@@ -135,27 +155,59 @@ def _is_integer(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) or np.dtype(dtype) == np.bool_
 
 
-def operand_dtypes(lhs_dtype, rhs_dtype, api: str) -> None:
-    """Integer and bool operands are computed as the float they promote to;
-    a product of integers only is refused (the kernels compute in floating
-    point, and jnp's integer product wraps around where a float one rounds)."""
+def computed(lhs_dtype, rhs_dtype, out_dtype) -> bool:
+    """Whether the kernels compute a product of these dtypes: a floating
+    result of floating or integer (bool) operands (`tiled` routes exactly these)."""
+    return np.dtype(out_dtype) in SUPPORTED_DTYPES and all(
+        np.dtype(d) in SUPPORTED_DTYPES or _is_integer(d) for d in (lhs_dtype, rhs_dtype)
+    )
+
+
+def integer_result(lhs_dtype, rhs_dtype, preferred_element_type) -> bool:
+    """Whether a product is of integers (or bools) into an integer result,
+    which jnp computes in integer arithmetic, wrapping around where the
+    kernels' floating point would round."""
+    return (
+        _is_integer(lhs_dtype)
+        and _is_integer(rhs_dtype)
+        and (preferred_element_type is None or _is_integer(preferred_element_type))
+    )
+
+
+def _operand_dtype(lhs_dtype, rhs_dtype, promoted, preferred_element_type, api) -> np.dtype:
+    """The dtype the kernels compute a product in. An integer or bool operand
+    takes the other's float type (`promoted()`, the API's promotion). Integers
+    only: the floating `preferred_element_type`, as jnp computes them (XLA
+    converts both operands to it and multiplies there, so small integers give
+    exact results); into an integer result they are refused."""
     for name, dtype in (("a", lhs_dtype), ("b", rhs_dtype)):
         if not _is_integer(dtype):
             float_dtype(name, dtype, api)
-    if _is_integer(lhs_dtype) and _is_integer(rhs_dtype):
-        raise TypeError(
-            f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
-            f"{np.dtype(rhs_dtype).name}) are not computed by jax_tiled's floating-point "
-            f"kernels; use jnp.matmul / lax.dot_general for them, or cast an operand to one "
-            f"of {_SUPPORTED_NAMES}"
-        )
+    if not (_is_integer(lhs_dtype) and _is_integer(rhs_dtype)):
+        return float_dtype("the promoted operands", promoted(), api)
+    if not integer_result(lhs_dtype, rhs_dtype, preferred_element_type):
+        dtype = out_dtype(None, preferred_element_type, api)
+        widest = max((np.dtype(lhs_dtype), np.dtype(rhs_dtype)), key=lambda d: d.itemsize)
+        if dtype.itemsize < widest.itemsize:  # as lax.dot_general refuses it
+            raise TypeError(
+                f"{api}: preferred_element_type {dtype.name} is narrower than the operands' "
+                f"{widest.name}; jnp refuses it too"
+            )
+        return dtype
+    raise TypeError(
+        f"{api}: integer-only products ({np.dtype(lhs_dtype).name} and "
+        f"{np.dtype(rhs_dtype).name}) into an integer result are not computed by jax_tiled's "
+        f"floating-point kernels; pass a floating preferred_element_type, use jnp.matmul / "
+        f"lax.dot_general for them, or cast an operand to one of {_SUPPORTED_NAMES}"
+    )
 
 
-def matmul_dtype(a, b, api: str) -> np.dtype:
-    """jnp.matmul's result dtype: int32 @ float32 is float32, int8 @ bfloat16 is
-    bfloat16 (jnp.result_type, weak types included)."""
-    operand_dtypes(a.dtype, b.dtype, api)
-    return float_dtype("the promoted operands", jnp.result_type(a, b), api)
+def matmul_dtype(a, b, preferred_element_type, api: str) -> np.dtype:
+    """The dtype a `matmul` is computed in: jnp.matmul's promotion (int32 @
+    float32 is float32, int8 @ bfloat16 is bfloat16: jnp.result_type, weak
+    types included); see `_operand_dtype`."""
+    promoted = lambda: jnp.result_type(a, b)
+    return _operand_dtype(a.dtype, b.dtype, promoted, preferred_element_type, api)
 
 
 def _dtype_rank(dtype) -> tuple:
@@ -167,13 +219,14 @@ def _dtype_rank(dtype) -> tuple:
     return (-1, -1, 0)
 
 
-def dot_general_dtype(lhs_dtype, rhs_dtype, api: str) -> np.dtype:
-    """lax.dot_general's result dtype: the operand type of higher rank."""
-    operand_dtypes(lhs_dtype, rhs_dtype, api)
-    return float_dtype("the operands", max((lhs_dtype, rhs_dtype), key=_dtype_rank), api)
+def dot_general_dtype(lhs_dtype, rhs_dtype, preferred_element_type, api: str) -> np.dtype:
+    """The dtype a `dot_general` is computed in: lax.dot_general's, the
+    operand type of higher rank; see `_operand_dtype`."""
+    promoted = lambda: max((lhs_dtype, rhs_dtype), key=_dtype_rank)
+    return _operand_dtype(lhs_dtype, rhs_dtype, promoted, preferred_element_type, api)
 
 
-def out_dtype(dtype: np.dtype, preferred_element_type: DTypeLike, api: str) -> np.dtype:
+def out_dtype(dtype: np.dtype | None, preferred_element_type: DTypeLike, api: str) -> np.dtype:
     """The result's dtype: `preferred_element_type`, or the operands' dtype."""
     if preferred_element_type is None:
         return dtype

@@ -22,9 +22,9 @@ __all__ = [
     "cast_to_varying",
     "convert_keeping_weak_type",
     "inline_jit",
-    "jaxprs_in_params",
     "lower_with_sharding_in_types",
     "require_devices_during_lowering",
+    "trace_context",
     "varying_axes",
 ]
 
@@ -36,13 +36,17 @@ __all__ = [
 # matmul) register the same way; there is no public hook.
 # Private, needed by every supported version, for `jax_tiled.tiled`'s jaxpr
 # interpreter (the rest of what it reads of a jaxpr is in `jax.extend`):
-# - the equations' output variables that nothing reads, and the jaxprs in an
-#   equation's parameters (`jax.extend.core` has neither in jax 0.8);
+# - the equations' output variables that nothing reads (`jax.extend.core`
+#   lacks them in jax 0.8);
 # - a dtype conversion that sets the result's weak type, which the jaxpr being
 #   re-evaluated may depend on (`lax.convert_element_type` makes strong types).
 # Private, needed by every supported version: the class of traced values, to
 # tell a call made while tracing from an eager one (inline_jit below).
-from jax._src.core import DropVar, Tracer, jaxprs_in_params
+# Private, needed by every supported version: the configuration a trace depends
+# on (x64, the default matmul precision, ...), which jit's own caches key on;
+# `jax_tiled.tiled` keys its cache of traces and rewritten jaxprs on it too.
+from jax._src.config import trace_context
+from jax._src.core import DropVar, Tracer
 from jax._src.dispatch import prim_requires_devices_during_lowering
 
 # Private, needed by every supported version: wraps a lowered value in the

@@ -56,8 +56,10 @@ def dot_general(
     Args:
       lhs, rhs: arrays. float16, bfloat16, float32 and float64 are computed;
         mixed dtypes give `lax.dot_general`'s result dtype (an integer or bool
-        operand takes the other's float dtype). A product of integers only
-        raises TypeError.
+        operand takes the other's float dtype). Integers only are computed in
+        a floating `preferred_element_type`, as jnp computes them; into an
+        integer result they raise TypeError, unless nothing is contracted (an
+        elementwise product, left to `lax.dot_general`).
       dimension_numbers: `((lhs_contracting, rhs_contracting), (lhs_batch,
         rhs_batch))`, sequences of dimension indices, as `lax.dot_general`
         takes them. The result is (batch dims, lhs free dims, rhs free dims).
@@ -71,8 +73,8 @@ def dot_general(
     """
     kernel = _checks.kernel(kernel, API)
     return _dot_general_jit(
-        _checks.array_like(lhs),
-        _checks.array_like(rhs),
+        _checks.operand("lhs", lhs, API),
+        _checks.operand("rhs", rhs, API),
         dimension_numbers=_checks.dimension_numbers(dimension_numbers, API),
         precision=_checks.hashable(precision),
         preferred_element_type=preferred_element_type,
@@ -102,7 +104,21 @@ def _dot_general_jit(
 ):
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     _checks.dot_general_shapes(lhs.shape, rhs.shape, dimension_numbers, API)
-    dtype = _checks.dot_general_dtype(lhs.dtype, rhs.dtype, API)
+    if not dimension_numbers[0][0] and _checks.integer_result(
+        lhs.dtype, rhs.dtype, preferred_element_type
+    ):
+        # Nothing contracted: an elementwise (or outer) product of integers,
+        # which jnp computes exactly in integer arithmetic (jnp.einsum's
+        # "ij,ij->ij", say); the kernels would compute it in floating point.
+        return lax.dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+        )
+    dtype = _checks.dot_general_dtype(lhs.dtype, rhs.dtype, preferred_element_type, API)
     request = Request(
         dtype,
         _checks.out_dtype(dtype, preferred_element_type, API),

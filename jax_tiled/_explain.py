@@ -17,6 +17,8 @@ from jax_tiled import _canonical, _checks, _dot_general, _ffi, _matmul, _presets
 from jax_tiled._checks import DTypeLike, PrecisionLike
 from jax_tiled._primitive import check_kernel_runs
 
+API = "jax_tiled.explain"
+
 
 def _backend_platform(backend: str | None) -> str:
     backend = jax.default_backend() if backend is None else backend
@@ -116,12 +118,12 @@ def explain(
     For a `lax.DotAlgorithmPreset` it also says what the preset runs as there:
     the casts and the kernel precision."""
     platform = _backend_platform(backend)
-    kernel = _checks.kernel(kernel, _matmul.API)
+    kernel = _checks.kernel(kernel, API)
     captured = {}
 
     def canonical(a, b):
         lhs, rhs, dims, request = _matmul.as_dot_general(
-            a, b, precision, preferred_element_type, kernel, platform
+            a, b, precision, preferred_element_type, kernel, platform, API
         )
         a3, b3, *flags, _ = _dot_general.canonical(lhs, rhs, dims, request.dtype)
         captured.update(request=request, flags=flags)
@@ -131,9 +133,7 @@ def explain(
     request, flags = captured["request"], captured["flags"]
     _, m, n, k = _canonical.problem_dims(a3.shape, b3.shape, *flags)
     problem = (a3.shape[0], b3.shape[0], m, n, k, *flags)
-    run = _presets.resolve(
-        platform, request.precision, a3.dtype, request.out_dtype, "jax_tiled.explain"
-    )
+    run = _presets.resolve(platform, request.precision, a3.dtype, request.out_dtype, API)
     runs_as = (
         run.describe(a3.dtype, request.out_dtype) if _presets.is_preset(request.precision) else ""
     )
@@ -167,4 +167,4 @@ def explain(
             run.operand_dtype.name, run.product_dtype.name, problem, multiprocessors, run.precision
         )
         return Explanation(**found, kernel=chosen, reason=reason, plan=plan)
-    raise ValueError(f"jax_tiled.explain: no kernels for backend {platform!r} in this build")
+    raise ValueError(f"{API}: no kernels for backend {platform!r} in this build")

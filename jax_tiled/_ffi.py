@@ -81,6 +81,13 @@ def kernel_names(platform: str) -> tuple[str, ...]:
     return tuple(k.name for k in kernel_table(platform) if k.listed)
 
 
+@functools.cache
+def cuda_ladder_names() -> tuple[str, ...]:
+    """Every kernel of the CUDA ladder by name (cpp/cuda/kernel_names.h), from
+    the CPU module, so that an install without the CUDA module knows them."""
+    return tuple(_load("cpu").cuda_kernel_names())
+
+
 # lax.Precision -> the FFI attribute the handlers decode (problem.h: Precision).
 PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precision.HIGHEST: 2}
 

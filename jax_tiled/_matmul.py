@@ -48,7 +48,9 @@ def matmul(
       a, b: arrays of rank >= 1. float16, bfloat16, float32 and float64 are
         computed; mixed dtypes promote as in `jnp.matmul`, so an integer or
         bool operand takes the other's float dtype (int32 @ float32 is
-        float32). A product of integers only raises TypeError.
+        float32). Integers only are computed in a floating
+        `preferred_element_type`, as jnp computes them (both operands
+        converted to it); into an integer result they raise TypeError.
       precision: None (honours `jax.default_matmul_precision`), a
         `lax.Precision`, one of its string names, or a pair. On CUDA, float32
         products run at DEFAULT on TF32 tensor cores, at HIGH in 3xTF32 split
@@ -67,8 +69,8 @@ def matmul(
     """
     kernel = _checks.kernel(kernel, API)
     return _matmul_jit(
-        _checks.array_like(a),
-        _checks.array_like(b),
+        _checks.operand("a", a, API),
+        _checks.operand("b", b, API),
         precision=_checks.hashable(precision),
         preferred_element_type=preferred_element_type,
         out_sharding=out_sharding,
@@ -85,19 +87,20 @@ def _matmul_jit(a, b, *, precision, preferred_element_type, out_sharding, kernel
     return _dot_general.product(lhs, rhs, dimension_numbers, request, out_sharding)
 
 
-def as_dot_general(a, b, precision, preferred_element_type, kernel, platform=None):
+def as_dot_general(a, b, precision, preferred_element_type, kernel, platform=None, api=API):
     """`matmul(a, b, ...)` checked (a preset for `platform`, default the one
-    traced for) and stated as `_dot_general.product` takes it: (lhs, rhs,
-    dimension numbers whose batch dimensions may broadcast, request)."""
+    traced for; messages name `api`, the function called) and stated as
+    `_dot_general.product` takes it: (lhs, rhs, dimension numbers whose batch
+    dimensions may broadcast, request)."""
     a, b = jnp.asarray(a), jnp.asarray(b)
-    dtype = _checks.matmul_dtype(a, b, API)
+    dtype = _checks.matmul_dtype(a, b, preferred_element_type, api)
     request = _dot_general.Request(
         dtype,
-        _checks.out_dtype(dtype, preferred_element_type, API),
-        _checks.precision(precision, API, platform),
+        _checks.out_dtype(dtype, preferred_element_type, api),
+        _checks.precision(precision, api, platform),
         kernel,
     )
-    batch_shape = _checks.matmul_shapes(a.shape, b.shape, API)
+    batch_shape = _checks.matmul_shapes(a.shape, b.shape, api)
     a_batch, b_batch = a.shape[:-2], b.shape[:-2]
     # Explicit mesh axes may split only the first batch dimension (else this
     # raises), or jax cannot type the flattening of the batch.

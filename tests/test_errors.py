@@ -3,6 +3,8 @@ from the API and the primitive, an ffi::Error (not an abort) from the handlers."
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +70,67 @@ def test_batch_dims_that_do_not_broadcast():
 def test_unknown_kernel_lists_valid_ones():
     with pytest.raises(ValueError, match=r"'nope'.*'auto'.*'blocked'"):
         jax_tiled.matmul(A, B, kernel="nope")
+
+
+DOT = (((1,), (0,)), ((), ()))
+CALLS = {
+    "jax_tiled.matmul": lambda a, b, **kw: jax_tiled.matmul(a, b, **kw),
+    "jax_tiled.dot_general": lambda a, b, **kw: jax_tiled.dot_general(a, b, DOT, **kw),
+    "jax_tiled.explain": lambda a, b, **kw: jax_tiled.explain(a, b, **kw),
+}
+
+
+@pytest.mark.parametrize("api", CALLS)
+def test_messages_name_the_function_called(api):
+    call = CALLS[api]
+    with pytest.raises(ValueError, match=rf"^{re.escape(api)}: unknown kernel 'nope'"):
+        call(A, B, kernel="nope")
+    with pytest.raises(ValueError, match=rf"^{re.escape(api)}: unsupported precision 'fast'"):
+        call(A, B, precision="fast")
+    with pytest.raises(ValueError, match=rf"^{re.escape(api)}: a precision pair needs 2"):
+        call(A, B, precision=("high", "high", "high"))
+
+
+def test_kernels_names_itself_for_a_bad_precision():
+    with pytest.raises(ValueError, match=r"^jax_tiled\.kernels: unsupported precision 'fast'"):
+        jax_tiled.kernels("cpu", jnp.float32, precision="fast")
+
+
+def test_a_cuda_kernel_on_an_install_without_the_cuda_module(monkeypatch):
+    """On an install without the CUDA module a CUDA kernel's name is "not
+    built", not "unknown" (the CPU module knows the ladder's names)."""
+    names = jax_tiled._ffi.cuda_ladder_names()
+    assert "wgmma" in names and "mma" in names
+    built = {"cpu": jax_tiled._ffi.kernel_names("cpu"), "cuda": ()}
+    monkeypatch.setattr(jax_tiled._ffi, "kernel_names", built.__getitem__)
+    for api, call in CALLS.items():
+        for kernel in names:
+            with pytest.raises(
+                ValueError,
+                match=rf"^{re.escape(api)}: kernel '{kernel}' is a CUDA kernel, not built in "
+                r"this install \(no CUDA module.*valid on cpu: \['auto', 'blocked'\]",
+            ):
+                call(A, B, kernel=kernel)
+        with pytest.raises(ValueError, match=rf"^{re.escape(api)}: unknown kernel 'nope'"):
+            call(A, B, kernel="nope")
+
+
+@pytest.mark.parametrize(
+    "bad", [None, "a string", object(), [1.0, None]], ids=["None", "str", "object", "list"]
+)
+def test_operands_that_are_not_arrays(bad):
+    kind = type(np.asarray(bad) if isinstance(bad, list) else bad).__name__
+    for api in ("jax_tiled.matmul", "jax_tiled.dot_general"):
+        call = CALLS[api]
+        first, second = ("a", "b") if api == "jax_tiled.matmul" else ("lhs", "rhs")
+        with pytest.raises(
+            TypeError, match=rf"^{re.escape(api)}: {second} must be an array.*{kind}"
+        ):
+            call(A, bad)
+        with pytest.raises(
+            TypeError, match=rf"^{re.escape(api)}: {first} must be an array.*{kind}"
+        ):
+            call(bad, B)
 
 
 @pytest.mark.skipif(gpu_available(), reason="needs a machine without the CUDA kernels")

@@ -301,6 +301,9 @@ def test_the_cuda_table_without_a_gpu():
     assert len(set(names)) == len(names) and not set(names) & set(CPU_KERNELS)
     assert _ffi.kernel_names("cuda") == tuple(k.name for k in CUDA_TABLE)
     assert [k.name for k in table if not k.listed] == ["smem_racy_for_testing"]
+    # The CPU module names the same ladder (cpp/cuda/kernel_names.h), for an
+    # install without the CUDA module to say what it lacks.
+    assert _ffi.cuda_ladder_names() == tuple(names)
     assert TENSOR_CORE_KERNELS and SIMT_KERNELS
     for kernel in table:
         assert set(kernel.inputs) | set(kernel.outputs) <= set(DTYPES), kernel

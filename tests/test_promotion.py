@@ -1,5 +1,7 @@
 """Promotion as jnp.matmul promotes: an integer or bool operand mixed with a
-float takes the float's dtype; integer-only products are refused (TypeError,
+float takes the float's dtype; integers only are computed in a floating
+preferred_element_type as jnp computes them, left to jnp where nothing is
+contracted, and refused into an integer result (TypeError,
 tests/test_errors.py); kernels() lists nothing for a dtype no kernel computes."""
 
 from __future__ import annotations
@@ -8,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import jax_tiled
-from helpers import CPU_KERNELS, random_array, x64
+from helpers import CPU_KERNELS, count_equations, random_array, x64
 
 PAIRS = [
     (np.int32, np.float32),
@@ -75,6 +78,93 @@ def test_preferred_element_type_with_integer_operand(rng):
     want = jnp.matmul(a, b, preferred_element_type=jnp.float32)
     assert out.dtype == want.dtype == jnp.float32
     np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+INTEGERS = [np.int8, np.uint8, np.int16, np.int32, np.bool_]
+
+
+# (operands, result): integer operands into a float result no narrower, as jnp takes them.
+INTEGERS_INTO_FLOATS = [
+    (dtype, out)
+    for dtype in INTEGERS
+    for out in (np.float32, jnp.bfloat16, jnp.float16)
+    if np.dtype(out).itemsize >= np.dtype(dtype).itemsize
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,out",
+    INTEGERS_INTO_FLOATS,
+    ids=[f"{np.dtype(d).name}-{np.dtype(o).name}" for d, o in INTEGERS_INTO_FLOATS],
+)
+def test_integer_operands_into_a_float_result_as_jnp(platform, rng, dtype, out):
+    """jnp converts both operands to the float result's type and multiplies
+    there: small integers give exact results, ours as jnp's.
+
+    The reference runs on the CPU: on a GPU, XLA hands integer operands with a
+    16-bit float result to cuBLASLt, which refuses them."""
+    a = small_integers(rng, (2, 5, 7), dtype)
+    b = small_integers(rng, (7, 3), dtype)
+    dims = (((2,), (0,)), ((), ()))
+    with jax.default_device(jax.devices("cpu")[0]):
+        cases = [
+            (
+                lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=out),
+                np.asarray(jnp.matmul(a, b, preferred_element_type=out)),
+            ),
+            (
+                lambda a, b: jax_tiled.dot_general(a, b, dims, preferred_element_type=out),
+                np.asarray(lax.dot_general(a, b, dims, preferred_element_type=out)),
+            ),
+        ]
+    for ours, want in cases:
+        jaxpr = jax.make_jaxpr(ours)(a, b)
+        assert count_equations(jaxpr, "tiled_matmul") == 1, jaxpr
+        assert count_equations(jaxpr, "dot_general") == 0, jaxpr
+        got = jax.jit(ours)(a, b)
+        assert got.dtype == want.dtype == np.dtype(out)
+        np.testing.assert_array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64))
+
+
+@pytest.mark.parametrize("out", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
+def test_a_float_result_narrower_than_integer_operands_is_refused_as_jnp(out):
+    a = jnp.ones((3, 4), jnp.int32)
+    with pytest.raises(TypeError, match="narrower"):
+        jnp.matmul(a, a.T, preferred_element_type=out)
+    with pytest.raises(TypeError, match=rf"{np.dtype(out).name} is narrower.*int32"):
+        jax_tiled.matmul(a, a.T, preferred_element_type=out)
+
+
+def test_int8_over_their_whole_range_into_float32_exactly(rng):
+    """Every int8 product, and every sum of 64 of them, is exact in float32."""
+    a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 8)).astype(np.int8)
+    got = jax_tiled.matmul(a, b, preferred_element_type=jnp.float32)
+    want = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    np.testing.assert_array_equal(np.asarray(got), exact)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(
+    "spec", ["ij,ij->ij", "i,j->ij", "bij,bj->bij"], ids=lambda s: s.replace(",", " ")
+)
+def test_integer_products_without_a_contraction_are_left_to_jnp(rng, spec):
+    """Nothing contracted: an elementwise (or outer) product, which jnp
+    computes in integer arithmetic: exact, wrapping around where a float
+    would round."""
+    shapes = {"ij": (3, 4), "i": (3,), "j": (4,), "bij": (2, 3, 4), "bj": (2, 4)}
+    lhs, rest = spec.split(",")
+    rhs = rest.split("->")[0]
+    # Large enough that products need more than a float32's 24 bits.
+    a = rng.integers(2**12, 2**15, shapes[lhs]).astype(np.int32)
+    b = rng.integers(2**12, 2**15, shapes[rhs]).astype(np.int32)
+    want = jnp.einsum(spec, a, b)
+    got = jax_tiled.einsum(spec, a, b)
+    assert got.dtype == want.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    jaxpr = jax.make_jaxpr(lambda a, b: jax_tiled.einsum(spec, a, b))(a, b)
+    assert count_equations(jaxpr, "tiled_matmul") == 0, jaxpr
 
 
 @pytest.mark.parametrize(

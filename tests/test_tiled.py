@@ -4,6 +4,7 @@ custom derivatives; integer products are left as they are."""
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import jax
@@ -14,7 +15,7 @@ from jax import lax
 
 import helpers
 import jax_tiled
-from helpers import count_equations, equations, random_array
+from helpers import count_equations, equations, random_array, x64
 
 # Routed products are held to 1e-5 of the stock computation unless a test says otherwise.
 assert_trees_close = functools.partial(helpers.assert_trees_close, rtol=1e-5)
@@ -122,6 +123,16 @@ def test_integer_products_are_left_alone(rng):
         for u, v in zip(routed(a, b, x), f(a, b, x)):
             assert u.dtype == v.dtype
             np.testing.assert_allclose(u, v, rtol=1e-6)
+
+
+def test_integer_operands_into_a_float_result_are_routed(rng):
+    """As jax_tiled.matmul computes them: exactly jnp's result for int8."""
+    a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 8)).astype(np.int8)
+    f = lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    routed = jax_tiled.tiled(f)
+    assert_routed(routed, a, b)
+    np.testing.assert_array_equal(routed(a, b), f(a, b))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, np.float32])
@@ -253,6 +264,164 @@ def test_more_primitives(rng, name):
         assert_trees_close(jax.jit(routed)(a, b), jax.jit(f)(a, b), rtol=1e-4)
 
 
+# ---- Transformations applied from outside ----
+
+
+def _spd(a):
+    return a @ a.T + 4 * jnp.eye(a.shape[0], dtype=a.dtype)
+
+
+LINALG = {
+    "qr": lambda a: sum(jnp.sum(jnp.sin(m)) for m in jnp.linalg.qr(a)),
+    "eigh": lambda a: jnp.sum(jnp.linalg.eigh(_spd(a))[1] ** 3) + jnp.sum(jnp.linalg.eigvalsh(a)),
+    "svd": lambda a: (
+        jnp.sum(jnp.linalg.svd(a, compute_uv=False) ** 2) + jnp.sum(jnp.linalg.svd(a)[0] ** 3)
+    ),
+    "cho_solve": lambda a: jnp.sum(
+        jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(_spd(a)), jnp.sin(a))
+    ),
+}
+
+
+@pytest.mark.parametrize("name", LINALG)
+def test_transformations_outside_route_the_products_their_rules_create(rng, name):
+    """grad, jvp and vjp of tiled(f): the products that the differentiation
+    rules of qr, eigh, svd and triangular_solve create, after tiled has
+    rewritten f, run on tiled_matmul as well."""
+    f = LINALG[name]
+    a = random_array(rng, (4, 4), np.float32)
+    t = random_array(rng, (4, 4), np.float32)
+    routed = jax_tiled.tiled(f)
+    transformations = {
+        "grad": lambda f: jax.grad(f),
+        "jvp": lambda f: lambda a: jax.jvp(f, (a,), (t,)),
+        "vjp": lambda f: lambda a: jax.vjp(f, a)[1](np.float32(1.5)),
+        "linearize": lambda f: lambda a: jax.linearize(f, a)[1](t),
+    }
+    for transform in transformations.values():
+        # Their rules do create products: the stock jaxpr has some to route.
+        assert float_dots(jax.make_jaxpr(transform(f))(a)) > 0
+        assert_routed(transform(routed), a)
+        with jax.default_matmul_precision("highest"):
+            assert_trees_close(jax.jit(transform(routed))(a), jax.jit(transform(f))(a), rtol=1e-4)
+
+
+@jax.custom_batching.custom_vmap
+def _rows_times(x, w):
+    return x @ w
+
+
+@_rows_times.def_vmap
+def _rows_times_vmap(axis_size, in_batched, x, w):
+    x_batched, w_batched = in_batched
+    if w_batched:
+        return jnp.einsum("...k,bkn->bn", x, w), True
+    return jnp.einsum("bk,kn->bn", x, w), True
+
+
+def test_vmap_of_a_custom_vmap_function(rng):
+    """vmap runs a custom_vmap function's own rule, which creates its products
+    when vmap is applied to tiled(g), after the rewrite: routed too."""
+    x = random_array(rng, (5, 3), np.float32)
+    w = random_array(rng, (3, 4), np.float32)
+    ws = random_array(rng, (5, 3, 4), np.float32)
+    g = lambda x, w: jnp.tanh(_rows_times(x, w))
+    for in_axes, args in (((0, None), (x, w)), ((0, 0), (x, ws))):
+        stock = jax.vmap(g, in_axes)
+        assert float_dots(jax.make_jaxpr(stock)(*args)) > 0
+        routed = jax.vmap(jax_tiled.tiled(g), in_axes)
+        assert_routed(routed, *args)
+        assert_routed(jax.grad(lambda *a: routed(*a).sum(), (0, 1)), *args)
+        with jax.default_matmul_precision("highest"):
+            assert_trees_close(routed(*args), stock(*args))
+
+
+# ---- Eager calls: traced and compiled once per argument signature ----
+
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles = collections.Counter()
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kwargs: _compiles.update([event])
+)
+
+
+def test_eager_calls_trace_and_compile_once(rng):
+    """tiled(f)(x, w) outside jit: the first call traces f and compiles; later
+    calls with the same signature do neither (f's inner jit was compiled
+    again on every call before)."""
+    # Eighths: exact in TF32 too, so a GPU's default precision agrees with the
+    # reference.
+    x = random_array(rng, (8, 8), np.float32, integers=True) / 8
+    w = random_array(rng, (8, 8), np.float32, integers=True) / 8
+    inner = jax.jit(lambda x, w: jnp.tanh(x @ w))
+    traces = []
+
+    def f(x, w, scale):
+        traces.append(scale)
+        return inner(x, w).sum() * scale
+
+    routed = jax_tiled.tiled(f)
+    routed(x, w, 2.0).block_until_ready()
+    assert traces == [2.0]
+    before = _compiles[COMPILE_EVENT]
+    for _ in range(3):
+        out = routed(x, w, 2.0)
+    assert traces == [2.0] and _compiles[COMPILE_EVENT] == before
+    with jax.default_matmul_precision("highest"):
+        assert_trees_close(out, jnp.tanh(x @ w).sum() * 2.0)
+    # Another signature (a static argument, a shape) is another trace.
+    routed(x, w, 3.0)
+    routed(x[:4], w, 2.0)
+    assert traces == [2.0, 3.0, 2.0]
+    # Eager grad of it compiles nothing new on a second call either.
+    grad = jax.grad(routed, (0, 1))
+    grad(x, w, 2.0)
+    before = _compiles[COMPILE_EVENT]
+    grad(x, w, 2.0)
+    assert _compiles[COMPILE_EVENT] == before
+
+
+def test_eager_cache_follows_the_configuration(rng):
+    """jax's configuration is part of a trace's signature, as of jit's: with
+    x64 enabled, f's constants are float64 and its results too."""
+    x = random_array(rng, (4, 8), np.float32)
+    w = random_array(rng, (8, 2), np.float32)
+    routed = jax_tiled.tiled(lambda x, w: x @ w + jnp.ones(2))
+    assert routed(x, w).dtype == np.float32
+    with x64():
+        assert routed(x, w).dtype == np.float64
+    assert routed(x, w).dtype == np.float32
+
+
+# ---- Primitives that carry jaxprs ----
+
+
+def test_pallas_kernels_are_left_alone(rng):
+    """A Pallas kernel's body is compiled by Pallas, which lowers its own
+    products: tiled routes the products around it and not those inside."""
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...])
+
+    def f(x, w):
+        y = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, 8), jnp.float32), interpret=True
+        )(x, w)
+        return y @ w
+
+    x = random_array(rng, (8, 8), np.float32)
+    w = random_array(rng, (8, 8), np.float32)
+    jaxpr = jax.make_jaxpr(jax_tiled.tiled(f))(x, w)
+    (call,) = equations(jaxpr, "pallas_call")
+    body = call.params["jaxpr"]
+    assert count_equations(body, "dot_general") == 1 and count_equations(body, "tiled_matmul") == 0
+    assert products(jaxpr) == 1
+    with jax.default_matmul_precision("highest"):
+        assert_trees_close(jax_tiled.tiled(f)(x, w), f(x, w))
+
+
 # ---- Calling conventions ----
 
 
@@ -311,6 +480,32 @@ def test_weak_types_are_kept():
     want = jax.make_jaxpr(f)(3).out_avals
     got = jax.make_jaxpr(jax_tiled.tiled(f))(3)
     assert got.out_avals == want and products(got) == 1
+
+
+@jax.tree_util.register_pytree_node_class
+class _Box:
+    """A mutable pytree: what a function puts into it, jax.jit would lose."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def tree_flatten(self):
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def test_an_update_to_an_argument_is_not_lost_silently(rng):
+    x = random_array(rng, (3, 3), np.float32)
+
+    def step(box, x):
+        box.value = box.value @ x  # into the copy tiled passes, as jit would
+        return box.value.sum()
+
+    with pytest.raises(ValueError, match=r"step updated its arguments in place"):
+        jax_tiled.tiled(step)(_Box(x), x)
 
 
 # ---- Flax ----

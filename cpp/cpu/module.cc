@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 
 #include "cpu/matmul.h"
+#include "cuda/kernel_names.h"
 
 namespace nb = nanobind;
 
@@ -32,4 +33,12 @@ NB_MODULE(_cpu, m) {
         return table;
       },
       "The kernel table, a dict of facts per kernel, as the CUDA module's.");
+  m.def(
+      "cuda_kernel_names",
+      [] {
+        nb::list names;
+        for (const char* name : jax_tiled::cuda::names::kLadder) names.append(name);
+        return names;
+      },
+      "Every kernel of the CUDA ladder by name, whether or not the CUDA module is built.");
 }

@@ -33,9 +33,10 @@ std::string WhyNotWgmma(const Product& p, const DeviceFacts& device) {
 
 KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string* why) {
   // Statics: the table is searched once, not on every call.
-  static const KernelDescriptor &smem16 = Kernel("smem16"), &warptile = Kernel("warptile"),
-                                &pipelined = Kernel("pipelined"), &mma = Kernel("mma"),
-                                &wgmma = Kernel("wgmma");
+  static const KernelDescriptor &smem16 = Kernel(names::kSmem16),
+                                &warptile = Kernel(names::kWarptile),
+                                &pipelined = Kernel(names::kPipelined), &mma = Kernel(names::kMma),
+                                &wgmma = Kernel(names::kWgmma);
   const auto choose = [&](const KernelDescriptor& kernel, auto&& reason) {
     if (why) *why = reason();
     return KernelChoice{&kernel, kernel.plan(p, device)};

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda/blocks/common.cuh"
+#include "cuda/kernel_names.h"
 #include "precision.h"
 
 namespace jax_tiled::cuda {

@@ -20,6 +20,9 @@ const KernelDescriptor* const kLadder[] = {
     &kSmemTiled,     &kSmemTiled16,          &kSmemTiledRacy,    &kRegisterBlocked,
     &kSimtWarpTiled, &kSimtCpAsyncPipelined, &kMmaSyncPipelined, &kWgmmaTmaWarpSpecialized,
 };
+// The CPU module names these kernels from kernel_names.h's list.
+static_assert(std::size(kLadder) == std::size(names::kLadder),
+              "kernel_names.h's kLadder lists every kernel of the ladder");
 
 // "x, y or z".
 std::string JoinedWithOr(const std::vector<std::string>& items) {

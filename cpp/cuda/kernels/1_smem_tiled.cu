@@ -23,16 +23,16 @@ cudaError_t LaunchSmem(const LaunchPlan&, const Product& p, void* out,
 }  // namespace
 
 extern const KernelDescriptor kSmemTiled{
-    "smem", true, kTakesEveryFloat, nullptr, FixedPlan<32, 32>, LaunchSmem<32>};
+    names::kSmem, true, kTakesEveryFloat, nullptr, FixedPlan<32, 32>, LaunchSmem<32>};
 extern const KernelDescriptor kSmemTiled16{
-    "smem16", true, kTakesEveryFloat, nullptr, FixedPlan<16, 16>, LaunchSmem<16>};
+    names::kSmem16, true, kTakesEveryFloat, nullptr, FixedPlan<16, 16>, LaunchSmem<16>};
 // "smem" without its second barrier: a known data race that the
 // compute-sanitizer racecheck test runs to prove the tool would catch one. Its
 // results are not to be trusted, so kernels() never offers it and auto never
 // picks it.
 extern const KernelDescriptor kSmemTiledRacy{
-    "smem_racy_for_testing", false,
-    kTakesEveryFloat,        nullptr,
-    FixedPlan<32, 32>,       LaunchSmem<32, /*kSkipSecondSync=*/true>};
+    names::kSmemRacy,  false,
+    kTakesEveryFloat,  nullptr,
+    FixedPlan<32, 32>, LaunchSmem<32, /*kSkipSecondSync=*/true>};
 
 }  // namespace jax_tiled::cuda

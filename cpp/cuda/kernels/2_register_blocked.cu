@@ -19,7 +19,7 @@ cudaError_t Launch(const LaunchPlan&, const Product& p, void* out, const LaunchC
 }  // namespace
 
 extern const KernelDescriptor kRegisterBlocked{
-    "regblock",
+    names::kRegblock,
     true,
     kTakesEveryFloat,
     nullptr,

@@ -26,7 +26,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
 
 }  // namespace
 
-extern const KernelDescriptor kSimtWarpTiled{"warptile", true, kTakesEveryFloat,
-                                             nullptr,    Plan, Launch};
+extern const KernelDescriptor kSimtWarpTiled{names::kWarptile, true, kTakesEveryFloat,
+                                             nullptr,          Plan, Launch};
 
 }  // namespace jax_tiled::cuda

@@ -30,7 +30,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
 
 }  // namespace
 
-extern const KernelDescriptor kSimtCpAsyncPipelined{"pipelined", true, kTakes,
-                                                    nullptr,     Plan, Launch};
+extern const KernelDescriptor kSimtCpAsyncPipelined{names::kPipelined, true, kTakes,
+                                                    nullptr,           Plan, Launch};
 
 }  // namespace jax_tiled::cuda

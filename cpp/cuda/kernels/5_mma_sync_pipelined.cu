@@ -23,6 +23,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
 
 }  // namespace
 
-extern const KernelDescriptor kMmaSyncPipelined{"mma", true, kMmaTakes, nullptr, Plan, Launch};
+extern const KernelDescriptor kMmaSyncPipelined{names::kMma, true, kMmaTakes,
+                                                nullptr,     Plan, Launch};
 
 }  // namespace jax_tiled::cuda

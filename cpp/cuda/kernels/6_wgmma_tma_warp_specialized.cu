@@ -40,7 +40,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
 
 }  // namespace
 
-extern const KernelDescriptor kWgmmaTmaWarpSpecialized{"wgmma",       true, kWgmmaTakes,
+extern const KernelDescriptor kWgmmaTmaWarpSpecialized{names::kWgmma, true, kWgmmaTakes,
                                                        RefusesLayout, Plan, Launch};
 
 }  // namespace jax_tiled::cuda
