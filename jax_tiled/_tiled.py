@@ -461,23 +461,34 @@ def _memoized(rewrite):
             return jaxpr
         by_context = _REWRITTEN.setdefault(jaxpr, {})
         context = _compat.trace_context()
-        if context in by_context:
-            return by_context[context]
-        rewritten = rewrite(jaxpr, *args)
-        # A rewrite whose constants are a trace's values (an outer
-        # transformation's, closed over) belongs to that trace alone: kept, a
-        # later trace that meets the same jaxpr (jax caches the jaxprs of
-        # library functions) would bind the dead trace's tracers.
-        if not _has_tracer(getattr(rewritten, "consts", ())):
-            by_context[context] = rewritten
-        return rewritten
+        if context not in by_context:
+            by_context[context] = rewrite(jaxpr, *args)
+        return by_context[context]
 
     return memoized
 
 
+def _routed_with_constants_as_inputs(jaxpr: Jaxpr) -> ClosedJaxpr:
+    """jaxpr's equations evaluated with its products routed, traced from
+    abstract values only: its constants become its first inputs. Their values
+    are never read, for they may be a finished trace's (Equinox keeps a copy
+    of a closure-converted jaxpr, constants and all, in a tree definition that
+    jax does not lift out of the trace). New constants the routing creates
+    are the result's own."""
+    n = len(jaxpr.constvars)
+    avals = [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)]
+    return jax.make_jaxpr(lambda *xs: _eval(jaxpr, xs[:n], xs[n:]))(*avals)
+
+
 @_memoized
 def _rewrite_closed(closed: ClosedJaxpr) -> ClosedJaxpr:
-    return jax.make_jaxpr(lambda *args: _eval(closed.jaxpr, closed.consts, args))(*closed.in_avals)
+    n = len(closed.jaxpr.constvars)
+    routed = _routed_with_constants_as_inputs(closed.jaxpr)
+    new = routed.jaxpr
+    return ClosedJaxpr(
+        new.replace(constvars=[*new.constvars, *new.invars[:n]], invars=new.invars[n:]),
+        [*routed.consts, *closed.consts],
+    )
 
 
 @_memoized
@@ -486,14 +497,13 @@ def _rewrite_open(jaxpr: Jaxpr, primitive: str) -> Jaxpr:
     constants (the primitive supplies them: Equinox's closure-converted
     functions, Pallas-style bodies), its inputs inputs."""
     n = len(jaxpr.constvars)
-    avals = [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)]
-    closed = jax.make_jaxpr(lambda *xs: _eval(jaxpr, xs[:n], xs[n:]))(*avals)
-    if closed.consts:
+    routed = _routed_with_constants_as_inputs(jaxpr)
+    if routed.consts:
         raise NotImplementedError(
             f"jax_tiled.tiled: routing the products inside {primitive} would give its body "
-            f"{len(closed.consts)} new array constant(s), which it has no way to pass"
+            f"{len(routed.consts)} new array constant(s), which it has no way to pass"
         )
-    new = closed.jaxpr
+    new = routed.jaxpr
     return new.replace(constvars=new.invars[:n], invars=new.invars[n:])
 
 
