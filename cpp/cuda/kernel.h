@@ -71,11 +71,19 @@ struct LaunchPlan {
   int block_m = 0, block_n = 0, stages = 0, cluster_m = 1;
   bool swap_ab = false;
   int persistent_blocks = 0;
+  // > 1: each tile's K split among a cluster of this many blocks (a split-K
+  // configuration's plan), whose grid has one block per part of every tile.
+  int split_k = 1;
 
-  // Whether a configuration with plan `cfg` runs this plan.
+  // Whether a configuration with plan `cfg` runs this plan (a split-K
+  // configuration runs any split count).
   bool SameConfig(const LaunchPlan& cfg) const {
     return block_m == cfg.block_m && block_n == cfg.block_n && stages == cfg.stages &&
-           cluster_m == cfg.cluster_m;
+           cluster_m == cfg.cluster_m && (split_k > 1) == (cfg.split_k > 1);
+  }
+  // The grid's blocks.
+  int Blocks(int64_t tiles) const {
+    return split_k > 1 ? static_cast<int>(tiles * split_k) : persistent_blocks;
   }
   // "128 x 256 tiles, 4 stages", for explain.
   std::string Describe() const;
@@ -88,18 +96,28 @@ template <class Cfg>
 struct StagesOf<Cfg, std::void_t<decltype(Cfg::kStages)>>
     : std::integral_constant<int, Cfg::kStages> {};
 template <class Cfg, class = void>
+struct SplitsK : std::false_type {};
+template <class Cfg>
+struct SplitsK<Cfg, std::void_t<decltype(Cfg::kSplitK)>> : std::bool_constant<Cfg::kSplitK> {};
+template <class Cfg, class = void>
 struct ClusterOf : std::integral_constant<int, 1> {};
 template <class Cfg>
 struct ClusterOf<Cfg, std::void_t<decltype(Cfg::kClusterM)>>
     : std::integral_constant<int, Cfg::kClusterM> {};
 }  // namespace detail
 
-// The plan a kernel's compile-time configuration runs.
+// The plan a kernel's compile-time configuration runs; split_k is the split
+// count of a split-K configuration (SameConfig reads only whether it is > 1).
 template <class Cfg>
-constexpr LaunchPlan PlanOf(bool swap_ab = false, int persistent_blocks = 0) {
-  return {
-      Cfg::kBlockM, Cfg::kBlockN,     detail::StagesOf<Cfg>::value, detail::ClusterOf<Cfg>::value,
-      swap_ab,      persistent_blocks};
+constexpr LaunchPlan PlanOf(bool swap_ab = false, int persistent_blocks = 0,
+                            int split_k = detail::SplitsK<Cfg>::value ? 2 : 1) {
+  return {Cfg::kBlockM,
+          Cfg::kBlockN,
+          detail::StagesOf<Cfg>::value,
+          detail::ClusterOf<Cfg>::value,
+          swap_ab,
+          persistent_blocks,
+          split_k};
 }
 
 // Calls f(Cfg{}) for the configuration among Cfgs that `plan` names: a

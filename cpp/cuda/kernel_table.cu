@@ -104,6 +104,9 @@ std::string LaunchPlan::Describe() const {
   std::string text = std::to_string(block_m) + " x " + std::to_string(block_n) + " tiles";
   if (stages) text += ", " + std::to_string(stages) + " stages";
   if (cluster_m > 1) text += ", clusters of " + std::to_string(cluster_m) + " blocks sharing B";
+  if (split_k > 1)
+    text += ", K split in " + std::to_string(split_k) + " across clusters of " +
+            std::to_string(split_k) + " blocks (partial sums added in rank order)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";

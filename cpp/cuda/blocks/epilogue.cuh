@@ -29,6 +29,20 @@ __device__ __forceinline__ void StorePair(Out* at, float x, float y) {
   }
 }
 
+// Eight adjacent outputs as 16-byte stores; `at` is 16-byte aligned.
+template <class Out>
+__device__ __forceinline__ void StoreEight(Out* at, const float (&v)[8]) {
+  if constexpr (std::is_same_v<Out, float>) {
+    reinterpret_cast<float4*>(at)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(at)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    alignas(16) Out packed[8];
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) StorePair(packed + i, v[i], v[i + 1]);
+    *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(packed);
+  }
+}
+
 // One output matrix as the epilogues write it: element (r, c) at c[r * ldc +
 // c], or at c[c * ldc + r] where the kernel computed the transposed product
 // (kTransposed). paired: every row starts aligned to two elements, so two
@@ -63,6 +77,16 @@ struct OutputWriter {
       if (col < dims.n) c[row * dims.ldc + col] = FromAccumulator<Out>(x);
       if (col + 1 < dims.n) c[row * dims.ldc + col + 1] = FromAccumulator<Out>(y);
     }
+  }
+
+  // v[i] at (row, col + i), whichever columns are inside; the row is inside,
+  // col is a multiple of 8. vector: every row starts 16-byte aligned, so eight
+  // columns inside go out as 16-byte stores.
+  __device__ __forceinline__ void Eight(int64_t row, int64_t col, const float (&v)[8],
+                                        bool vector) const {
+    if (!kTransposed && vector && col + 7 < dims.n) return StoreEight(c + row * dims.ldc + col, v);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) Pair(row, col + i, v[i], v[i + 1]);
   }
 };
 

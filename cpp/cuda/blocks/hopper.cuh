@@ -185,6 +185,26 @@ __device__ __forceinline__ int ClusterRank() {
   return static_cast<int>(rank);
 }
 
+// The number of blocks in this block's cluster.
+__device__ __forceinline__ int ClusterSize() {
+  uint32_t size;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(size));
+  return static_cast<int>(size);
+}
+
+// Four floats at the shared-memory address of `local` in the cluster's block
+// of rank `cta` (distributed shared memory); `local` is 16-byte aligned.
+__device__ __forceinline__ float4 LoadSharedInCluster(const float* local, int cta) {
+  float4 v;
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %4, %5;\n"
+      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n}\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(SharedAddress(local)), "r"(cta)
+      : "memory");
+  return v;
+}
+
 // Every thread of every block in the cluster: arrive, then wait for all the
 // others. Release/acquire order the barrier initialisations before the peers'
 // first remote arrivals and copies, and the peers' last ones before exit.

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/blocks/common.cuh"
+#include "cuda/blocks/hopper.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -36,7 +37,7 @@ struct PersistentTileScheduler {
 
   __device__ __forceinline__ PersistentTileScheduler() : next(blockIdx.x / kClusterM) {}
 
-  // This block's rank in its cluster.
+  // This block's rank among the blocks sharing its B tiles.
   __device__ __forceinline__ static int Rank() { return blockIdx.x % kClusterM; }
 
   // The next unit, or false once the block's share is done.
@@ -52,6 +53,38 @@ struct PersistentTileScheduler {
   }
 
   // The tiles (clusters of tiles) the grid walks.
+  static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
+};
+
+// Split K: each output tile is a cluster's, and the block of rank r takes
+// the r-th of the cluster's near-equal runs of the tile's slabs, so tiles too
+// few to fill the SMs still keep every SM's tensor cores busy. One unit per
+// block, no persistence: the epilogue adds the cluster's partial sums through
+// distributed shared memory in rank order (ClusterReduceEpilogue), so a
+// result is the same run to run, with no float atomics and no scratch. The
+// split count is the cluster's size, a launch attribute, so one kernel serves
+// every count. Each block keeps B to itself: Rank() is 0 among blocks sharing
+// B.
+template <int kBlockM, int kBlockN, int kSlabDepth>
+struct SplitKTileScheduler {
+  using Order = TileOrder<kBlockM, kBlockN>;
+  bool taken = false;
+
+  __device__ __forceinline__ static int Rank() { return 0; }
+
+  __device__ __forceinline__ bool Next(const MatmulDims& dims, WorkUnit& unit) {
+    if (taken) return false;
+    taken = true;
+    const int parts = hopper::ClusterSize(), part = hopper::ClusterRank();
+    const int64_t slabs = (dims.k + kSlabDepth - 1) / kSlabDepth;
+    int64_t batch, row0, col0;
+    Order(dims).Locate(blockIdx.x / parts, batch, row0, col0);
+    unit = {static_cast<int>(batch), static_cast<int>(row0), static_cast<int>(col0),
+            static_cast<int>(slabs * part / parts), static_cast<int>(slabs * (part + 1) / parts)};
+    return true;
+  }
+
+  // The tiles; the grid has a cluster of blocks for each.
   static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
 };
 

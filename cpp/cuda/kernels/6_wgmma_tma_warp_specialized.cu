@@ -28,8 +28,50 @@ std::optional<std::string> RefusesLayout(const Product& p) {
   return std::nullopt;
 }
 
+// Does nothing and is never launched: the occupancy calculator's stand-in
+// for the split-K kernel, whose shared memory (every instance's the same)
+// holds it to one block an SM.
+__global__ void __launch_bounds__(WgmmaSplitK::kThreads, 1) SplitKStandIn() {}
+
+constexpr int kSplitKSharedBytes =
+    kWgmmaSharedBytes<WgmmaSplitK, WgmmaOperands<__half, false, false>, __half>;
+
+// Clusters of `size` (2, 4 or 8) split-K blocks the current GPU holds at
+// once, asked of the driver once per device; where it cannot say (explain
+// without a GPU), multiprocessors / size.
+int SplitKClustersHeld(int size, int multiprocessors) {
+  struct Held {
+    int of[4];  // by log2 of the size; of[0] unused
+  };
+  static PerDevice<Held> held;
+  Held found;
+  const cudaError_t err = held.Get(&found, [](Held* h) {
+    if (cudaError_t e = AllowSharedMemory<SplitKStandIn>(kSplitKSharedBytes)) return e;
+    for (int i = 1; i < 4; ++i) {
+      cudaLaunchAttribute cluster;
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 1u << i;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t launch{};
+      launch.gridDim = dim3(1u << i);
+      launch.blockDim = dim3(WgmmaSplitK::kThreads);
+      launch.dynamicSmemBytes = kSplitKSharedBytes;
+      launch.attrs = &cluster;
+      launch.numAttrs = 1;
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&h->of[i], SplitKStandIn, &launch))
+        return e;
+    }
+    return cudaSuccess;
+  });
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // a GPU the driver cannot ask is no error of the caller's
+    return multiprocessors / size;
+  }
+  return found.of[size == 2 ? 1 : size == 4 ? 2 : 3];
+}
+
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return PlanWgmma(p, device.multiprocessors);
+  return PlanWgmma(p, device.multiprocessors, SplitKClustersHeld);
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,

@@ -64,13 +64,18 @@ namespace jax_tiled::cuda {
 // kClusterM: blocks per cluster, along M; the blocks of a cluster share their
 // B tiles, each copying 1 / kClusterM of every B slab for all of them
 // (PersistentTileScheduler, SwizzledTile::LoadPart).
-template <int kBlockN_, int kStages_, int kClusterM_ = 1>
+// kSplitK: clusters along K instead, one tile each, its K split among the
+// cluster's blocks and their partial sums added in the epilogue
+// (SplitKTileScheduler, ClusterReduceEpilogue); the cluster's size, set at
+// launch, is the split count.
+template <int kBlockN_, int kStages_, int kClusterM_ = 1, bool kSplitK_ = false>
 struct WgmmaConfig {
   static constexpr int kConsumers = 2;  // warpgroups, 64 output rows each
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kClusterM = kClusterM_;
+  static constexpr bool kSplitK = kSplitK_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
@@ -87,6 +92,8 @@ using WgmmaWide = WgmmaConfig<256, 4, 2>;
 using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
 using WgmmaSplit = WgmmaConfig<128, 4>;
+// Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial sums.
+using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
 
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
@@ -116,6 +123,8 @@ struct WgmmaTiles {
   // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
   // align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
+  // Slack to align the epilogue's shared memory past the barriers.
+  static constexpr int kEpilogueAlignment = 16;
 };
 
 // This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
@@ -176,6 +185,11 @@ struct WgmmaStages {
   }
   __device__ __forceinline__ uint8_t* B(int stage) const { return A(stage) + Tiles::A::kBytes; }
   __device__ __forceinline__ uint8_t* BLo(int stage) const { return B(stage) + Tiles::B::kBytes; }
+  // The epilogue's shared memory, past the barriers, 16-byte aligned.
+  __device__ __forceinline__ uint8_t* Epilogue() const {
+    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(full + 3 * Cfg::kStages) + 15) /
+                                      16 * 16);
+  }
 
   // By one thread, before the block's first __syncthreads.
   __device__ __forceinline__ void Init(int splitters) const {
@@ -409,8 +423,10 @@ struct WgmmaConsumer {
 // straight from registers (OutputWriter). The accumulator layout of m64nN:
 // per 8 columns, a thread holds rows r and r + 8 (r = 16 * warp + lane / 4),
 // columns 2 * (lane % 4) + {0, 1}. An epilogue is a struct of this shape:
-// Params (its kernel argument), kSharedBytes (its shared memory, past the
-// stages) and Store.
+// Params (its kernel argument) and ParamsFor, kSharedBytes (its shared
+// memory, past the stages), Store (by the consumers, per unit) and Join (by
+// the producer warpgroup once its copies are issued: its part in any block
+// barriers the epilogue needs).
 template <class Cfg, class Ops, class Out>
 struct WgmmaRegisterEpilogue {
   struct Params {
@@ -419,9 +435,11 @@ struct WgmmaRegisterEpilogue {
   };
   static constexpr int kSharedBytes = 0;
 
+  __device__ __forceinline__ static void Join() {}
+
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
                                                const Params& params, const MatmulDims& dims,
-                                               const WorkUnit& unit) {
+                                               const WorkUnit& unit, uint8_t* /*shared*/) {
     const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, unit.batch,
                                                    params.paired_stores);
     const int lane = consumer.lane;
@@ -440,6 +458,80 @@ struct WgmmaRegisterEpilogue {
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
     return {out, dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
                      reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0};
+  }
+};
+
+// The split-K epilogue (SplitKTileScheduler): every block of the cluster puts
+// its partial sums in its shared memory; then the block of rank q adds rows
+// [q R, (q + 1) R) of the tile over the cluster's blocks, in rank order, and
+// writes them, eight columns a thread (R = kBlockM / the cluster's size).
+// Consecutive threads take consecutive runs of a row, or, where C is written
+// transposed (its rows are the tile's columns), the same run of consecutive
+// rows, so that a warp's stores are contiguous either way.
+// The reduction reads the peers' shared memory directly (distributed shared
+// memory): no scratch buffer, no flags, no float atomics.
+template <class Cfg, class Ops, class Out>
+struct ClusterReduceEpilogue {
+  struct Params {
+    Out* out;
+    bool paired_stores;  // every row of C starts aligned to two elements
+    bool vector_stores;  // ... and to 16 bytes
+  };
+  // Rows padded by 8 floats: the float2 writes of a half-warp (rows r .. r + 3
+  // of the accumulator layout) fall in distinct banks.
+  static constexpr int kPitch = Cfg::kBlockN + 8;
+  static constexpr int kSharedBytes = Cfg::kBlockM * kPitch * sizeof(float);
+  static constexpr int kChunks = Cfg::kBlockN / 8;  // of eight columns, per row
+
+  // The two cluster barriers, which every thread of the cluster passes.
+  __device__ __forceinline__ static void Join() {
+    hopper::ClusterSync();
+    hopper::ClusterSync();
+  }
+
+  __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
+                                               const Params& params, const MatmulDims& dims,
+                                               const WorkUnit& unit, uint8_t* shared) {
+    float* const partials = reinterpret_cast<float*>(shared);
+    const int lane = consumer.lane;
+    const int row = consumer.a_rows + 16 * consumer.warp + lane / 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j)
+        *reinterpret_cast<float2*>(partials + (row + 8 * half) * kPitch + 8 * j + 2 * (lane % 4)) =
+            make_float2(consumer.acc[4 * j + 2 * half], consumer.acc[4 * j + 2 * half + 1]);
+    hopper::ClusterSync();  // every block's partial sums are in place
+
+    const int parts = hopper::ClusterSize(), rows = Cfg::kBlockM / parts;
+    const int first_row = hopper::ClusterRank() * rows;
+    const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, unit.batch,
+                                                   params.paired_stores);
+    for (int i = threadIdx.x - 128; i < rows * kChunks; i += 128 * Cfg::kConsumers) {
+      const int r = first_row + (Ops::kTransposedOut ? i % rows : i / kChunks);
+      const int col = 8 * (Ops::kTransposedOut ? i / rows : i % kChunks);
+      const float* const at = partials + r * kPitch + col;
+      float sum[8];
+      for (int q = 0; q < parts; ++q) {
+        const float4 lo = hopper::LoadSharedInCluster(at, q);
+        const float4 hi = hopper::LoadSharedInCluster(at + 4, q);
+        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[e] = q ? sum[e] + v[e] : v[e];  // rank 0's as they are
+      }
+      if (c.RowInside(unit.row0 + r))
+        c.Eight(unit.row0 + r, unit.col0 + col, sum, params.vector_stores);
+    }
+    hopper::ClusterSync();  // no block leaves while another may read its partials
+  }
+
+  static Params ParamsFor(const MatmulDims& dims, Out* out) {
+    const auto aligned = [&](int bytes) {
+      return dims.ldc * sizeof(Out) % bytes == 0 &&
+             dims.out_batch_stride * sizeof(Out) % bytes == 0 &&
+             reinterpret_cast<uintptr_t>(out) % bytes == 0;
+    };
+    return {out, aligned(2 * sizeof(Out)), aligned(16)};
   }
 };
 
@@ -469,12 +561,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (threadIdx.x < 128) {
     Producer::Run(stages, &a_map, &b_map, dims);
+    Epilogue::Join();
   } else {
     WgmmaConsumer<Cfg, Ops> consumer;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       consumer.Mainloop(stages, unit);
-      Epilogue::Store(consumer, out, dims, unit);
+      Epilogue::Store(consumer, out, dims, unit, stages.Epilogue());
     }
   }
   // No block leaves while another of its cluster may still arrive on its
@@ -551,16 +644,45 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return 3 * wide_tiles >= 2 * static_cast<int64_t>(multiprocessors);
 }
 
+// How many clusters of `size` split-K blocks a GPU of `multiprocessors` SMs
+// holds at once: at most its SMs / size, fewer where the size does not divide
+// the SMs of its GPCs (a cluster's blocks share one).
+using ClustersHeld = int (*)(int size, int multiprocessors);
+
+// How many parts to split each 128 x 128 tile's K into (1: none): doubled
+// while every tile's cluster still fits the GPU at once (a second wave of
+// clusters doubles the time), each part keeps at least two slabs of
+// slab_depth, and the cluster stays within the portable 8 blocks.
+inline int WgmmaSplitKParts(const MatmulDims& d, int multiprocessors, int slab_depth,
+                            ClustersHeld held) {
+  const int64_t tiles = d.batch * ((d.m + 127) / 128) * ((d.n + 127) / 128);
+  const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
+  int parts = 1;
+  while (2 * parts <= 8 && tiles <= held(2 * parts, multiprocessors) && slabs >= 2 * 2 * parts)
+    parts *= 2;
+  return parts;
+}
+
 // The pieces a configuration runs with: its scheduler and its epilogue.
 template <class Cfg, class Ops>
-using WgmmaScheduler = PersistentTileScheduler<Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterM,
-                                               WgmmaTiles<Cfg, Ops>::kSlab>;
+using WgmmaScheduler =
+    std::conditional_t<Cfg::kSplitK,
+                       SplitKTileScheduler<Cfg::kBlockM, Cfg::kBlockN, WgmmaTiles<Cfg, Ops>::kSlab>,
+                       PersistentTileScheduler<Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterM,
+                                               WgmmaTiles<Cfg, Ops>::kSlab>>;
 template <class Cfg, class Ops, class Out>
-using WgmmaEpilogue = WgmmaRegisterEpilogue<Cfg, Ops, Out>;
+using WgmmaEpilogue = std::conditional_t<Cfg::kSplitK, ClusterReduceEpilogue<Cfg, Ops, Out>,
+                                         WgmmaRegisterEpilogue<Cfg, Ops, Out>>;
+
+// A kernel's shared memory: its stages and barriers, then its epilogue's.
+template <class Cfg, class Ops, class Out>
+inline constexpr int kWgmmaSharedBytes =
+    WgmmaTiles<Cfg, Ops>::kSharedBytes + WgmmaTiles<Cfg, Ops>::kEpilogueAlignment +
+    WgmmaEpilogue<Cfg, Ops, Out>::kSharedBytes;
 
 template <class Cfg, class Ops, class Out>
 cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
-                            int persistent_blocks) {
+                            const LaunchPlan& plan) {
   using In = typename Ops::In;
   using Tiles = WgmmaTiles<Cfg, Ops>;
   using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
@@ -577,50 +699,53 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchCon
   if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows), &b_map, kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
-  constexpr int kShared = Tiles::kSharedBytes + Epilogue::kSharedBytes;
+  constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out>;
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Cfg::kClusterM;
+  const int cluster_size = Cfg::kSplitK ? plan.split_k : Cfg::kClusterM;
+  cluster.val.clusterDim.x = static_cast<unsigned>(cluster_size);
   cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t launch{};
-  launch.gridDim = dim3(static_cast<unsigned>(persistent_blocks));
+  launch.gridDim = dim3(static_cast<unsigned>(plan.Blocks(WgmmaScheduler<Cfg, Ops>::Units(dims))));
   launch.blockDim = dim3(Cfg::kThreads);
   launch.dynamicSmemBytes = kShared;
   launch.stream = context.stream;
   launch.attrs = &cluster;
-  launch.numAttrs = Cfg::kClusterM > 1 ? 1 : 0;
+  launch.numAttrs = cluster_size > 1 ? 1 : 0;
   return cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, Epilogue::ParamsFor(dims, out));
 }
 
 template <class Cfg, class In, class Out, bool kSplit>
 cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
-                               int blocks) {
+                               const LaunchPlan& plan) {
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
   if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
     if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
       return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
-                                                                                blocks);
+                                                                                plan);
     if (a_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, blocks);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, blocks);
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, plan);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, plan);
   } else {
     if (a_mn && b_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, context, blocks);
-    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, context, blocks);
-    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, context, blocks);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, context, blocks);
+      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, context, plan);
+    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, context, plan);
+    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, context, plan);
+    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
   }
 }
 
 inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 
 // The plan for a product: 3xTF32 on WgmmaSplit, else wide tiles in pairs
-// sharing B where they fill the GPU; swapped for TF32 with B stored MN-major;
-// a persistent grid of one block per SM (whole clusters), or per tile where
+// sharing B where they fill the GPU, else 128 x 128 tiles with K split across
+// clusters where the tiles alone would leave most SMs idle, else 128 x 128
+// tiles; swapped for TF32 with B stored MN-major. Whole tiles run on a
+// persistent grid of one block per SM (whole clusters), or per tile where
 // there are fewer.
-inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
+inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
   auto plan = [&](auto cfg) {
@@ -636,6 +761,11 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors) {
   if (p.SplitsTf32()) return plan(WgmmaSplit{});
   if (WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
+  // K per slab: one 128-byte swizzle row of the input type.
+  const int slab_depth =
+      p.in_type == Dtype::kF32 ? hopper::kSwizzleElements<float> : hopper::kSwizzleElements<__half>;
+  if (const int parts = WgmmaSplitKParts(arranged, multiprocessors, slab_depth, held); parts > 1)
+    return PlanOf<WgmmaSplitK>(swap_ab, 0, parts);
   return plan(WgmmaNarrow{});
 }
 
@@ -654,13 +784,11 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (kTf32)
       if (p.SplitsTf32())
         return WithConfig<WgmmaSplit>(plan, [&](auto cfg) {
-          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context,
-                                                                  plan.persistent_blocks);
+          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context, plan);
         });
     using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
-    return WithConfig<Wide, WgmmaNarrow>(plan, [&](auto cfg) {
-      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context,
-                                                               plan.persistent_blocks);
+    return WithConfig<Wide, WgmmaNarrow, WgmmaSplitK>(plan, [&](auto cfg) {
+      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
     });
   });
 }

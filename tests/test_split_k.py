@@ -1,0 +1,114 @@
+"""Split K on the Hopper kernel: where whole 128 x 128 tiles would leave most
+SMs idle, "wgmma" splits each tile's K among a cluster of blocks and adds
+their partial sums in rank order through distributed shared memory. Checked
+against float64 on every layout, off the tile and slab edges, batched, in
+each input type; bitwise the same run to run; special values in one part's
+K reach the result; and over a long K, no less accurate than jnp."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tiled
+from helpers import LAYOUTS, assert_matmul_close, bind_product, operands
+from jax_tiled import _ffi
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
+
+# float32 runs as one TF32 pass at the default precision.
+DTYPES = [jnp.bfloat16, jnp.float16, np.float32]
+
+# (batch, m, n, k): few tiles and a deep K. Rows, columns and K off the tile
+# (128) and slab (64 16-bit, 32 float32 elements) edges; a batch of them.
+SHAPES = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544), (1, 8, 136, 8200)]
+
+
+def require_hopper():
+    if _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        pytest.skip("split K is the Hopper kernel's")
+
+
+def test_auto_splits_k_only_where_tiles_leave_sms_idle():
+    require_hopper()
+    S = jax.ShapeDtypeStruct
+    explain = lambda m, k, n: jax_tiled.explain(S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16))
+    # 16 tiles: in 4 parts (64 blocks), not 8 (16 clusters of 8 exceed what an
+    # H100's GPCs hold at once).
+    skinny = explain(128, 4096, 2048)
+    assert skinny.kernel == "wgmma" and "K split in 4 across clusters of 4" in skinny.plan, skinny
+    assert "K split" not in explain(4096, 4096, 4096).plan  # tiles fill the GPU
+    assert "K split" not in explain(128, 128, 4096).plan  # two slabs: nothing to split
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_layout_against_float64(rng, dtype, shape):
+    require_hopper()
+    batch, m, n, k = shape
+    for ta, tb in LAYOUTS:
+        if np.dtype(dtype) == np.float32 and ta and not tb:
+            continue  # TF32 wgmma cannot take it; "auto" runs it on "mma"
+        a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, dtype, batch, batch)
+        for out_dtype in {np.dtype(dtype), np.dtype(np.float32)}:
+            out = bind_product(a, b, ta, tb, kernel="wgmma", out_dtype=out_dtype)
+            assert_matmul_close(out, a_op, b_op, platform="cuda", out_dtype=out_dtype)
+
+
+def test_the_shapes_here_split():
+    """Every shape above, as "auto" plans it, splits K (else the tests above
+    would check whole tiles only)."""
+    require_hopper()
+    S = jax.ShapeDtypeStruct
+    for dtype in DTYPES:
+        for batch, m, n, k in SHAPES:
+            plan = jax_tiled.explain(S((batch, m, k), dtype), S((batch, k, n), dtype)).plan
+            assert "K split" in plan, (dtype, (batch, m, n, k), plan)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_bitwise_the_same_run_to_run(rng, dtype):
+    require_hopper()
+    a, b, _, _ = operands(rng, 128, 2048, 8192, False, False, dtype)
+    product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32))
+    first = np.asarray(product(a, b))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+
+
+def test_special_values_in_one_part_reach_the_result(rng):
+    """inf in the last part's K, NaN in the first's: the sum across the
+    cluster's parts carries them as true arithmetic does."""
+    require_hopper()
+    m, n, k = 128, 1024, 4096
+    a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
+    b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
+    a[0, k - 1] = np.inf  # row 0: +-inf where b's last row is nonzero
+    a[1, 0] = np.nan  # row 1: NaN everywhere
+    a[2, k - 1], a[2, 0] = np.inf, -np.inf  # row 2: inf - inf where both signs meet
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = np.asarray(jax_tiled.matmul(a, b, preferred_element_type=jnp.float32), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", out_dtype=np.float32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
+def test_long_k_no_less_accurate_than_jnp(rng, dtype):
+    """bf16/f16 -> float32 over K = 65536 with few tiles, positive inputs
+    (where truncated sums show as bias): the error against float64 is within
+    twice jnp's."""
+    require_hopper()
+    m, n, k = 256, 256, 65536
+    a = rng.uniform(0, 1, (m, k)).astype(dtype)
+    b = rng.uniform(0, 1, (k, n)).astype(dtype)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert "K split in 8" in jax_tiled.explain(a, b, preferred_element_type=jnp.float32).plan
+    errors = {}
+    for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
+        got = np.asarray(product(a, b, preferred_element_type=jnp.float32), np.float64)
+        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert errors["ours"] <= 2 * errors["jnp"], errors
