@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #ifndef JAX_TILED_ISA
 #error "include cpu/kernel_impl.h first"
@@ -118,6 +119,16 @@ void PackPairs(const uint16_t* x, int64_t row_stride, int64_t depth_stride, int6
                            ElementOrZero(src, row_stride, depth_stride, live, depth, r, 2 * q + 1)
                                << 16;
   }
+}
+
+// PackPairs for a path's packer: a bfloat16 operand in W-wide panels, its
+// depth padded to a multiple of DepthUnit.
+template <int W, int DepthUnit, class In>
+void PackAsPairs(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
+                 int64_t depth, uint16_t* dst) {
+  static_assert(std::is_same_v<In, BFloat16>, "the bfloat16 paths multiply bfloat16 as stored");
+  PackPairs<W>(reinterpret_cast<const uint16_t*>(x), row_stride, depth_stride, rows, depth,
+               RoundUp(depth, DepthUnit), dst);
 }
 
 // Packs rows as PackPairs does, but in the layout of an AMX A tile: panels of

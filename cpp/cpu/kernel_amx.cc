@@ -74,9 +74,7 @@ struct AmxPath {
   template <class In>
   static void PackB(const In* x, int64_t col_stride, int64_t depth_stride, int64_t cols,
                     int64_t depth, uint16_t* dst) {
-    static_assert(std::is_same_v<In, BFloat16>, "this path multiplies bfloat16 as stored");
-    PackPairs<kNr>(reinterpret_cast<const uint16_t*>(x), col_stride, depth_stride, cols, depth,
-                   RoundUp(depth, kDepthUnit), dst);
+    PackAsPairs<kNr, kDepthUnit>(x, col_stride, depth_stride, cols, depth, dst);
   }
 
   // c[Rows x 32] = (accumulate ? c : 0) + A B over kcp (a multiple of 32)

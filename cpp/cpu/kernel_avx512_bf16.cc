@@ -35,19 +35,17 @@ struct DotBf16Path {
   static_assert(kNc >= kNr, "the B block must hold at least one micro-panel");
   struct Scope {};
 
+  // Both operands as pairs, depth-pair-major: a step reads kNr B lanes and
+  // broadcasts one A lane per row.
   template <class In>
   static void PackA(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
                     int64_t depth, uint16_t* dst) {
-    static_assert(std::is_same_v<In, BFloat16>, "this path multiplies bfloat16 as stored");
-    PackPairs<kMr>(reinterpret_cast<const uint16_t*>(x), row_stride, depth_stride, rows, depth,
-                   RoundUp(depth, kDepthUnit), dst);
+    PackAsPairs<kMr, kDepthUnit>(x, row_stride, depth_stride, rows, depth, dst);
   }
   template <class In>
   static void PackB(const In* x, int64_t col_stride, int64_t depth_stride, int64_t cols,
                     int64_t depth, uint16_t* dst) {
-    static_assert(std::is_same_v<In, BFloat16>, "this path multiplies bfloat16 as stored");
-    PackPairs<kNr>(reinterpret_cast<const uint16_t*>(x), col_stride, depth_stride, cols, depth,
-                   RoundUp(depth, kDepthUnit), dst);
+    PackAsPairs<kNr, kDepthUnit>(x, col_stride, depth_stride, cols, depth, dst);
   }
 
   // c[Rows x kNr] = (accumulate ? c : 0) + A B over kcp (even) depth steps.
