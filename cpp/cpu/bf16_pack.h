@@ -124,8 +124,8 @@ void PackPairs(const uint16_t* x, int64_t row_stride, int64_t depth_stride, int6
 // PackPairs for a path's packer: a bfloat16 operand in W-wide panels, its
 // depth padded to a multiple of DepthUnit.
 template <int W, int DepthUnit, class In>
-void PackAsPairs(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
-                 int64_t depth, uint16_t* dst) {
+void PackAsPairs(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows, int64_t depth,
+                 uint16_t* dst) {
   static_assert(std::is_same_v<In, BFloat16>, "the bfloat16 paths multiply bfloat16 as stored");
   PackPairs<W>(reinterpret_cast<const uint16_t*>(x), row_stride, depth_stride, rows, depth,
                RoundUp(depth, DepthUnit), dst);

@@ -414,7 +414,7 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
     c = reinterpret_cast<Acc*>(bytes), ldc = t.cols;
   }
 
-  const typename P::Scope scope;
+  [[maybe_unused]] const typename P::Scope scope;
   for (int64_t k0 = 0; k0 < op.k; k0 += KS) {
     const int64_t ks = Min(KS, op.k - k0);
     const int64_t ksp = RoundUp(ks, P::kDepthUnit);  // the packed depth of this slab
