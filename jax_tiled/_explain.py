@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_tiled import _canonical, _checks, _dot_general, _ffi, _matmul, _presets
@@ -104,6 +105,15 @@ class Explanation:
         return text + (f"; runs {self.plan}" if self.plan else "")
 
 
+def _cpu_plan(operand_dtype, product_dtype) -> str:
+    """The CPU kernel's path for bfloat16 inputs into a non-float64 result (the
+    handler's choice: AMX tiles, vdpbf16ps, or the float32 fallback); "" for
+    other dtypes, which have one path."""
+    if np.dtype(operand_dtype) == np.dtype(jnp.bfloat16) and np.dtype(product_dtype) != np.float64:
+        return f"the {_ffi.cpu_bf16_path()} bfloat16 path"
+    return ""
+
+
 def explain(
     a: Any,
     b: Any,
@@ -149,14 +159,15 @@ def explain(
         check_kernel_runs(
             platform, kernel, run.operand_dtype, run.product_dtype, problem, run.precision
         )
-        return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan="")
+        plan = _cpu_plan(run.operand_dtype, run.product_dtype) if platform == "cpu" else ""
+        return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan=plan)
     if platform == "cpu":
         (only,) = _ffi.kernel_names("cpu")
         return Explanation(
             **found,
             kernel=only,
             reason="the cache-blocked CPU kernel, the only CPU kernel",
-            plan="",
+            plan=_cpu_plan(run.operand_dtype, run.product_dtype),
         )
     if platform == "cuda" and _ffi.cuda_module_built():
         try:

@@ -61,6 +61,10 @@ class KernelFacts:
     hopper_only: bool  # sm_90a instructions: compute capability 9.0 exactly
     inputs: tuple[str, ...]  # the operand dtypes it computes (numpy names)
     outputs: tuple[str, ...]  # the result dtypes it writes
+    # CPU: the paths bfloat16 inputs (into a non-float64 result) can take, preferred
+    # first, and those this machine runs; JAX_TILED_CPU_BF16 names one (docs/api.md).
+    bf16_paths: tuple[str, ...] = ()
+    bf16_paths_here: tuple[str, ...] = ()
 
 
 @functools.cache
@@ -70,10 +74,19 @@ def kernel_table(platform: str) -> tuple[KernelFacts, ...]:
     module = _load("cpu" if platform == "cpu" else "CUDA")
     if module is None:
         return ()
+    tuples = ("inputs", "outputs", "bf16_paths", "bf16_paths_here")
     return tuple(
-        KernelFacts(**{**row, "inputs": tuple(row["inputs"]), "outputs": tuple(row["outputs"])})
+        KernelFacts(**{**row, **{key: tuple(row[key]) for key in tuples if key in row}})
         for row in module.kernel_table()
     )
+
+
+def cpu_bf16_path() -> str:
+    """The path the CPU kernel takes for bfloat16 inputs into a non-float64 result
+    now, as its handler decides it (JAX_TILED_CPU_BF16, or the first of the CPU
+    table's bf16_paths that this machine runs and "auto" takes). ValueError if
+    the variable names a path this build lacks or this machine cannot run."""
+    return _load("cpu").bf16_path()
 
 
 def kernel_names(platform: str) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """The CPU kernel against a float64 reference where its blocking has edges:
 register blocks (12 rows x 32 float32 / 16 float64 columns with AVX-512, 6 x
-16 / 6 x 8 with AVX2), the 256-deep slabs, the L2 column block and the
-1024-row and -column tiles; and its determinism (the result of an element
-does not depend on how the output was cut into tiles)."""
+16 / 6 x 8 with AVX2), the 256-deep slabs (128-deep for float64 with
+AVX-512), the L2 column block and the 1024-row and -column tiles; and its
+determinism (the result of an element does not depend on how the output was
+cut into tiles)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from helpers import CPU_KERNELS, HIGHEST, LAYOUTS, bind_product, operands, x64
 
 EDGE_ROWS = (1, 7, 12, 13)
 EDGE_COLS = (1, 9, 16, 17, 32, 33)
-EDGE_DEPTHS = (1, 255, 256, 257)
+EDGE_DEPTHS = (1, 128, 129, 255, 256, 257)
 
 
 def run(a, b, ta, tb, out_dtype=None):

@@ -287,6 +287,8 @@ def test_the_cpu_table_is_the_one_cpu_kernel():
         hopper_only=False,
         inputs=DTYPES,
         outputs=DTYPES,
+        bf16_paths=blocked.bf16_paths,  # by build and machine: tests/test_cpu_bf16.py
+        bf16_paths_here=blocked.bf16_paths_here,
     )
     assert CPU_KERNELS == ("blocked",) and jax_tiled.kernels("cpu") == ["blocked"]
 

@@ -52,5 +52,14 @@ const IsaKernels& PortableKernels();
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
 #endif
+// Kernels that multiply bfloat16 as stored, where the compiler can build them
+// (CMakeLists.txt defines the macros). They take bfloat16 inputs into a
+// float32, bfloat16 or float16 result only; matmul.cc routes the rest.
+#if defined(JAX_TILED_HAVE_AVX512_BF16)
+const IsaKernels& Avx512Bf16Kernels();  // vdpbf16ps
+#endif
+#if defined(JAX_TILED_HAVE_AMX)
+const IsaKernels& AmxKernels();  // AMX-BF16 tiles
+#endif
 
 }  // namespace jax_tiled::cpu

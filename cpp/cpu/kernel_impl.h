@@ -99,7 +99,7 @@ template <class T, class Acc> inline T Store(Acc x) {
 }
 
 template <class T> inline T Min(T a, T b) { return a < b ? a : b; }
-inline int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+constexpr int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 inline size_t Align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // ---- Micro-kernel -----------------------------------------------------------------
@@ -315,33 +315,92 @@ JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64
   }
 }
 
+// ---- Paths: how a tile is packed and multiplied ---------------------------------------
+
+// RunTile is written once against a path, which names:
+//   acc_type, packed_type   the accumulator, and the element type of the packs
+//   kMr, kNr                the register block
+//   kKs                     the depth packed at a time (a pack's "slab")
+//   kKc                     the depth of one micro-kernel call, a divisor of kKs
+//   kNc                     the columns of the packed B block
+//   kMc                     the rows swept per B block and kKc step (the block
+//                           of C that stays in cache across the steps)
+//   kDepthUnit              packs are zero-padded to a multiple of this depth
+//                           (both operands at the same depths, so padding only
+//                           ever multiplies zero by zero)
+//   PackA, PackB            mr-row panels of A, nr-column panels of B, each
+//                           depth-major so that depths [p, p + kc) of a panel
+//                           start p * kMr (kNr) elements into it
+//   Full, Edge              the micro-kernel on a whole block, and on the first
+//                           `rows` rows of one (an edge, into a full-size buffer)
+//   Scope                   set up and torn down around a tile (AMX's tile
+//                           configuration; nothing here)
+// This file's path converts every input to the accumulator type and runs the
+// FMA micro-kernel above, one micro-kernel call per packed slab and all of a
+// tile's rows per B block; kernel_avx512_bf16.cc and kernel_amx.cc add paths
+// that multiply bfloat16 as stored.
+template <class C>
+struct FmaPath {
+  using acc_type = typename C::acc_type;
+  using packed_type = acc_type;
+  static constexpr int kMr = C::kMr, kNr = C::kNr, kDepthUnit = 1;
+  static constexpr int64_t kKs = C::kKc, kKc = C::kKc, kNc = C::kNc, kMc = int64_t{1} << 40;
+  struct Scope {};
+
+  template <class In>
+  static void PackA(const In* x, int64_t row_stride, int64_t depth_stride, int64_t rows,
+                    int64_t depth, acc_type* dst) {
+    PackPanels<kMr, C::kVectorBytes>(x, row_stride, depth_stride, rows, depth, dst);
+  }
+  template <class In>
+  static void PackB(const In* x, int64_t col_stride, int64_t depth_stride, int64_t cols,
+                    int64_t depth, acc_type* dst) {
+    PackPanels<kNr, C::kVectorBytes>(x, col_stride, depth_stride, cols, depth, dst);
+  }
+  __attribute__((always_inline)) static void Full(int64_t kc, const acc_type* a, const acc_type* b,
+                                                  acc_type* c, int64_t ldc, bool accumulate) {
+    MicroKernel<C>(kc, a, b, c, ldc, accumulate);
+  }
+  __attribute__((always_inline)) static void Edge(int64_t rows, int64_t kc, const acc_type* a,
+                                                  const acc_type* b, acc_type* c, int64_t ldc,
+                                                  bool accumulate) {
+    EdgeMicroKernel<C>(rows, kc, a, b, c, ldc, accumulate);
+  }
+};
+
 // ---- One output tile ------------------------------------------------------------------
 
-template <class C, class Out>
-constexpr bool kWritesOutput = std::is_same_v<Out, typename C::acc_type>;
+template <class P, class Out>
+constexpr bool kWritesOutput = std::is_same_v<Out, typename P::acc_type>;
 
-// Scratch layout: packed A slab (rows padded x kc), packed B block (kc x nc),
+// Scratch layout: packed A slab (rows padded x ks), packed B block (ks x nc),
 // and, when the output is not the accumulator type, an accumulator tile.
-template <class C, class Out>
+template <class P>
+constexpr int64_t kPackedSlab = RoundUp(P::kKs, P::kDepthUnit);
+
+template <class P, class Out>
 size_t ScratchBytes(int64_t rows, int64_t cols) {
-  using Acc = typename C::acc_type;
-  size_t bytes = Align64(RoundUp(rows, C::kMr) * C::kKc * sizeof(Acc)) +
-                 Align64(C::kKc * C::kNc * sizeof(Acc));
-  if (!kWritesOutput<C, Out>) bytes += Align64(rows * cols * sizeof(Acc));
+  using Acc = typename P::acc_type;
+  using Packed = typename P::packed_type;
+  size_t bytes = Align64(RoundUp(rows, P::kMr) * kPackedSlab<P> * sizeof(Packed)) +
+                 Align64(kPackedSlab<P> * P::kNc * sizeof(Packed));
+  if (!kWritesOutput<P, Out>) bytes += Align64(rows * cols * sizeof(Acc));
   return bytes;
 }
 
-template <class C, class In, class Out>
+template <class P, class In, class Out>
 void RunTile(const Operands& op, const Tile& t, void* scratch) {
-  using Acc = typename C::acc_type;
-  constexpr int MR = C::kMr, NR = C::kNr;
-  constexpr int64_t KC = C::kKc, NC = C::kNc;
+  using Acc = typename P::acc_type;
+  using Packed = typename P::packed_type;
+  constexpr int MR = P::kMr, NR = P::kNr;
+  constexpr int64_t KS = P::kKs, KC = P::kKc, NC = P::kNc, MC = P::kMc;
+  static_assert(KS % KC == 0 && KC % P::kDepthUnit == 0, "micro-kernel steps tile the slab");
 
   char* bytes = static_cast<char*>(scratch);
-  Acc* apack = reinterpret_cast<Acc*>(bytes);
-  bytes += Align64(RoundUp(t.rows, MR) * KC * sizeof(Acc));
-  Acc* bpack = reinterpret_cast<Acc*>(bytes);
-  bytes += Align64(KC * NC * sizeof(Acc));
+  Packed* apack = reinterpret_cast<Packed*>(bytes);
+  bytes += Align64(RoundUp(t.rows, MR) * kPackedSlab<P> * sizeof(Packed));
+  Packed* bpack = reinterpret_cast<Packed*>(bytes);
+  bytes += Align64(kPackedSlab<P> * NC * sizeof(Packed));
 
   const In* a = static_cast<const In*>(op.a) + t.batch * op.a_batch_stride + t.i0 * op.a_row;
   const In* b = static_cast<const In*>(op.b) + t.batch * op.b_batch_stride + t.j0 * op.b_col;
@@ -349,44 +408,53 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
   // Same-type results accumulate in place in the output; others in scratch.
   Acc* c;
   int64_t ldc;
-  if constexpr (kWritesOutput<C, Out>) {
+  if constexpr (kWritesOutput<P, Out>) {
     c = out, ldc = op.ldc;
   } else {
     c = reinterpret_cast<Acc*>(bytes), ldc = t.cols;
   }
 
-  for (int64_t k0 = 0; k0 < op.k; k0 += KC) {
-    const int64_t kc = Min(KC, op.k - k0);
-    const bool accumulate = k0 > 0;
-    PackPanels<MR, C::kVectorBytes>(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, kc, apack);
+  [[maybe_unused]] const typename P::Scope scope;
+  for (int64_t k0 = 0; k0 < op.k; k0 += KS) {
+    const int64_t ks = Min(KS, op.k - k0);
+    const int64_t ksp = RoundUp(ks, P::kDepthUnit);  // the packed depth of this slab
+    P::PackA(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, ks, apack);
     for (int64_t j0 = 0; j0 < t.cols; j0 += NC) {
       const int64_t nc = Min(NC, t.cols - j0);
-      PackPanels<NR, C::kVectorBytes>(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc,
-                                      kc, bpack);
-      for (int64_t i = 0; i < t.rows; i += MR) {
-        const int64_t live_rows = Min<int64_t>(MR, t.rows - i);
-        for (int64_t j = 0; j < nc; j += NR) {
-          const int64_t live_cols = Min<int64_t>(NR, nc - j);
-          Acc* cij = c + i * ldc + j0 + j;
-          if (live_rows == MR && live_cols == NR) {
-            MicroKernel<C>(kc, apack + i * kc, bpack + j * kc, cij, ldc, accumulate);
-            continue;
+      P::PackB(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, ks, bpack);
+      for (int64_t i0 = 0; i0 < t.rows; i0 += MC) {
+        const int64_t i_end = Min(i0 + MC, t.rows);
+        for (int64_t p = 0; p < ksp; p += KC) {
+          const int64_t kc = Min(KC, ksp - p);
+          const bool accumulate = k0 > 0 || p > 0;
+          for (int64_t i = i0; i < i_end; i += MR) {
+            const int64_t live_rows = Min<int64_t>(MR, t.rows - i);
+            const Packed* ai = apack + i * ksp + p * MR;
+            for (int64_t j = 0; j < nc; j += NR) {
+              const int64_t live_cols = Min<int64_t>(NR, nc - j);
+              const Packed* bj = bpack + j * ksp + p * NR;
+              Acc* cij = c + i * ldc + j0 + j;
+              if (live_rows == MR && live_cols == NR) {
+                P::Full(kc, ai, bj, cij, ldc, accumulate);
+                continue;
+              }
+              // An edge: run the same micro-kernel on a full-size copy, so edge
+              // elements see exactly the arithmetic of interior ones.
+              alignas(64) Acc edge[MR * NR];
+              for (int r = 0; r < live_rows; ++r)
+                for (int s = 0; s < live_cols; ++s)
+                  edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
+              P::Edge(live_rows, kc, ai, bj, edge, NR, accumulate);
+              for (int r = 0; r < live_rows; ++r)
+                for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
+            }
           }
-          // An edge: run the same micro-kernel on a full-size copy, so edge
-          // elements see exactly the arithmetic of interior ones.
-          alignas(64) Acc edge[MR * NR];
-          for (int r = 0; r < live_rows; ++r)
-            for (int s = 0; s < live_cols; ++s)
-              edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
-          EdgeMicroKernel<C>(live_rows, kc, apack + i * kc, bpack + j * kc, edge, NR, accumulate);
-          for (int r = 0; r < live_rows; ++r)
-            for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
         }
       }
     }
   }
 
-  if constexpr (!kWritesOutput<C, Out>) {
+  if constexpr (!kWritesOutput<P, Out>) {
     for (int64_t i = 0; i < t.rows; ++i)
       for (int64_t j = 0; j < t.cols; ++j) out[i * op.ldc + j] = Store<Out>(c[i * ldc + j]);
   }
@@ -409,8 +477,9 @@ template <class Config32, class Config64>
 struct Kernels {
   // float64 accumulates when either side is float64, as on CUDA (AccumulatorOf).
   template <class In, class Out>
-  using ConfigFor = std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
-                                       Config64, Config32>;
+  using PathFor =
+      FmaPath<std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
+                                 Config64, Config32>>;
 
   static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
     size_t bytes = 0;
@@ -418,7 +487,7 @@ struct Kernels {
       VisitStorage(op.out_type, [&](auto out) {
         using In = decltype(in);
         using Out = decltype(out);
-        bytes = ScratchBytes<ConfigFor<In, Out>, Out>(rows, cols);
+        bytes = ScratchBytes<PathFor<In, Out>, Out>(rows, cols);
       });
     });
     return bytes;
@@ -429,7 +498,7 @@ struct Kernels {
       VisitStorage(op.out_type, [&](auto out) {
         using In = decltype(in);
         using Out = decltype(out);
-        RunTile<ConfigFor<In, Out>, In, Out>(op, tile, scratch);
+        RunTile<PathFor<In, Out>, In, Out>(op, tile, scratch);
       });
     });
   }
@@ -440,6 +509,35 @@ struct Kernels {
             {Config64::kMr, Config64::kNr, Config64::kKc, Config64::kNc},
             &Scratch,
             &Run};
+  }
+};
+
+// The table of a path that multiplies bfloat16 as stored (P: a path, as
+// FmaPath): bfloat16 inputs into a float32, bfloat16 or float16 result,
+// accumulated in float32. matmul.cc sends it nothing else: a float64 result
+// accumulates in float64, on the FMA path.
+template <class P>
+struct Bf16Kernels {
+  template <class F>
+  static void VisitOut(Dtype t, F&& f) {
+    switch (t) {
+      case Dtype::kF16: return f(Half{});
+      case Dtype::kBF16: return f(BFloat16{});
+      default: return f(float{});
+    }
+  }
+  static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
+    size_t bytes = 0;
+    VisitOut(op.out_type, [&](auto out) { bytes = ScratchBytes<P, decltype(out)>(rows, cols); });
+    return bytes;
+  }
+  static void Run(const Operands& op, const Tile& tile, void* scratch) {
+    VisitOut(op.out_type,
+             [&](auto out) { RunTile<P, BFloat16, decltype(out)>(op, tile, scratch); });
+  }
+  static IsaKernels Make(const char* name) {
+    const Geometry g{P::kMr, P::kNr, P::kKc, P::kNc};
+    return {name, g, g, &Scratch, &Run};
   }
 };
 

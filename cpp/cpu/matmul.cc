@@ -12,12 +12,166 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "cpu/kernel.h"
 #include "ffi_common.h"
 #include "problem.h"
 
 namespace jax_tiled::cpu {
+
+// ---- bfloat16 paths ---------------------------------------------------------------------
+
+namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+// CPUID leaf 7, sub-leaf `sub`: {eax, ebx, ecx, edx}, zeros where absent.
+struct CpuidRegs { unsigned eax = 0, ebx = 0, ecx = 0, edx = 0; };
+CpuidRegs Leaf7(unsigned sub) {
+  CpuidRegs r;
+  if (!__get_cpuid_count(7, sub, &r.eax, &r.ebx, &r.ecx, &r.edx)) r = CpuidRegs{};
+  return r;
+}
+
+// The register state the OS saves (XCR0), or 0 where XGETBV is unavailable.
+uint64_t SavedStateMask() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return 0;  // OSXSAVE
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t{hi} << 32) | lo;
+}
+
+// AVX-512F and BW (the packs) with the OS saving the zmm registers, which
+// __builtin_cpu_supports checks.
+bool HasAvx512Bw() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+[[maybe_unused]] bool CanRunAvx512Bf16() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return HasAvx512Bw() && (Leaf7(1).eax & (1u << 5));  // AVX512_BF16
+#else
+  return false;
+#endif
+}
+
+// AMX needs the CPU's AMX-TILE and AMX-BF16, the OS saving the tile state
+// (XCR0 bits 17 and 18), and, on Linux, the process's permission to use it,
+// which the kernel grants on request (arch_prctl ARCH_REQ_XCOMP_PERM, Linux
+// 5.16 and later; an older kernel, or a container that forbids it, refuses,
+// and the next path runs instead). Asked once, for the whole process.
+[[maybe_unused]] bool CanRunAmx() {
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)
+  static const bool ok = [] {
+    const unsigned edx = Leaf7(0).edx;
+    const bool cpu = (edx & (1u << 22)) && (edx & (1u << 24));  // AMX-BF16, AMX-TILE
+    constexpr uint64_t kTileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);
+    if (!cpu || (SavedStateMask() & kTileState) != kTileState || !HasAvx512Bw()) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// Whether the CPU is AMD's. vdpbf16ps does two products per lane where an FMA
+// does one, but not at the FMA's rate everywhere: on the Intel Xeon of the
+// development machine (AMX and AVX512_BF16) it issues once per ~3 cycles
+// against the FMA's two per cycle, so there it is 0.6-1.0x the float32 path
+// (NOTES.md, "bfloat16"), while AMD's Zen 4 and Zen 5 run it at the FMA's
+// rate. "auto" takes it on AMD only; JAX_TILED_CPU_BF16 forces it anywhere.
+[[maybe_unused]] bool IsAmd() {
+#if defined(__x86_64__) || defined(_M_X64)
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  return ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
+#else
+  return false;
+#endif
+}
+
+bool Always() { return true; }
+
+struct Bf16Path {
+  const char* name;
+  const IsaKernels* (*kernels)();  // nullptr: the FMA kernel, converting to float32
+  bool (*runs_here)();             // the CPU has it and the OS lets this process use it
+  bool (*auto_takes)();            // where it runs, "auto" takes it (else the next)
+};
+
+// The paths compiled into this build, preferred first; the last runs anywhere.
+const std::vector<Bf16Path>& Bf16Paths() {
+  static const std::vector<Bf16Path> paths = [] {
+    std::vector<Bf16Path> p;
+#if defined(JAX_TILED_HAVE_AMX)
+    p.push_back({"amx", [] { return &AmxKernels(); }, &CanRunAmx, &Always});
+#endif
+#if defined(JAX_TILED_HAVE_AVX512_BF16)
+    p.push_back({"avx512_bf16", [] { return &Avx512Bf16Kernels(); }, &CanRunAvx512Bf16, &IsAmd});
+#endif
+    p.push_back({kBf16Fallback, nullptr, &Always, &Always});
+    return p;
+  }();
+  return paths;
+}
+
+std::string PathNames() {
+  std::string names;
+  for (const Bf16Path& path : Bf16Paths())
+    names += std::string(names.empty() ? "" : ", ") + path.name;
+  return names;
+}
+
+// The path that JAX_TILED_CPU_BF16 asks for, read on every call so that a
+// process (a test) can switch paths: unset, empty or "auto" takes the first
+// path that runs here and that auto takes; a name takes that path, and a name
+// this build lacks or this machine cannot run is an error rather than a
+// silent substitute.
+const Bf16Path* ChooseBf16Path(std::string* error) {
+  const char* env = std::getenv(kBf16PathVariable);
+  const std::string asked = env == nullptr ? "" : env;
+  for (const Bf16Path& path : Bf16Paths()) {
+    if (asked.empty() || asked == "auto") {
+      if (path.runs_here() && path.auto_takes()) return &path;
+    } else if (asked == path.name) {
+      if (path.runs_here()) return &path;
+      *error = std::string(kBf16PathVariable) + "=" + asked + ": this CPU (or OS) cannot run it";
+      return nullptr;
+    }
+  }
+  *error = std::string(kBf16PathVariable) + "=" + asked +
+           " is not a bfloat16 path of this build; " + "use auto or one of: " + PathNames();
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<Bf16PathFacts> Bf16PathTable() {
+  std::vector<Bf16PathFacts> table;
+  for (const Bf16Path& path : Bf16Paths()) table.push_back({path.name, path.runs_here()});
+  return table;
+}
+
+std::string Bf16PathNow(std::string* error) {
+  const Bf16Path* path = ChooseBf16Path(error);
+  return path == nullptr ? "" : path->name;
+}
+
 namespace {
 
 // The widest kernel this machine runs. __builtin_cpu_supports also checks
@@ -169,8 +323,15 @@ ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   op.b_col = p.transpose_b ? p.ldb() : 1, op.b_depth = p.transpose_b ? 1 : p.ldb();
   op.ldc = p.ldc();
 
-  const IsaKernels& isa = ChooseKernels();
   const bool f64 = op.in == Dtype::kF64 || op.out_type == Dtype::kF64;
+  const IsaKernels* kernels = &ChooseKernels();
+  if (op.in == Dtype::kBF16 && !f64) {
+    std::string error;
+    const Bf16Path* path = ChooseBf16Path(&error);
+    if (path == nullptr) return ffi::Error::InvalidArgument("tiled_matmul: " + error);
+    if (path->kernels != nullptr) kernels = path->kernels();
+  }
+  const IsaKernels& isa = *kernels;
   const int64_t threads = UsefulThreads(p, f64, pool.num_threads());
   const TileGrid grid = ChooseTiles(p, f64 ? isa.f64 : isa.f32, threads);
   const size_t scratch_bytes = isa.scratch_bytes(op, grid.rows, grid.cols);

@@ -1,5 +1,9 @@
 // nanobind module `jax_tiled._cpu`: the CPU FFI targets and the kernel table.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <stdexcept>
+#include <string>
 
 #include "cpu/matmul.h"
 #include "cuda/kernel_names.h"
@@ -28,6 +32,15 @@ NB_MODULE(_cpu, m) {
         row["hopper_only"] = false;
         row["inputs"] = every_float;
         row["outputs"] = every_float;
+        // The ways it multiplies bfloat16 inputs (into a non-float64 result),
+        // preferred first, and those this machine runs (JAX_TILED_CPU_BF16).
+        nb::list paths, here;
+        for (const auto& path : jax_tiled::cpu::Bf16PathTable()) {
+          paths.append(path.name);
+          if (path.runs_here) here.append(path.name);
+        }
+        row["bf16_paths"] = nb::tuple(paths);
+        row["bf16_paths_here"] = nb::tuple(here);
         nb::list table;
         table.append(row);
         return table;
@@ -41,4 +54,14 @@ NB_MODULE(_cpu, m) {
         return names;
       },
       "Every kernel of the CUDA ladder by name, whether or not the CUDA module is built.");
+  m.def(
+      "bf16_path",
+      [] {
+        std::string error;
+        std::string path = jax_tiled::cpu::Bf16PathNow(&error);
+        if (path.empty()) throw std::invalid_argument(error);
+        return path;
+      },
+      "The path a bfloat16 product takes now, as the handler decides it; ValueError if\n"
+      "JAX_TILED_CPU_BF16 names none that runs here.");
 }

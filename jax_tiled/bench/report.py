@@ -310,8 +310,12 @@ def device_info() -> dict:
     }
     try:
         import jax_tiled
+        from jax_tiled import _ffi
 
         info["jax_tiled_version"] = jax_tiled.__version__
+        # The CPU kernel's path for bfloat16 inputs (AMX, vdpbf16ps or the float32
+        # fallback), as JAX_TILED_CPU_BF16 and this CPU decide it.
+        info["cpu_bf16_path"] = _ffi.cpu_bf16_path()
     except Exception:  # noqa: BLE001
         pass
     return info
@@ -343,7 +347,8 @@ def heading(info: dict) -> str:
 
 def device_label(info: dict) -> str:
     if info["platform"] == "cpu":
-        return f"CPU: {info['cpu']} ({info['cpu_count']} cores)"
+        path = f", bfloat16 path {info['cpu_bf16_path']}" if info.get("cpu_bf16_path") else ""
+        return f"CPU: {info['cpu']} ({info['cpu_count']} cores{path})"
     return f"{info['device']} ({info['platform']})"
 
 
