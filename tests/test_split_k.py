@@ -26,13 +26,13 @@ DTYPES = [jnp.bfloat16, jnp.float16, np.float32]
 SHAPES = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544), (1, 8, 136, 8200)]
 
 
-def require_hopper():
+@pytest.fixture(autouse=True)
+def require_hopper(on_gpu):
     if _ffi.cuda_compute_capability() != _ffi.HOPPER:
         pytest.skip("split K is the Hopper kernel's")
 
 
 def test_auto_splits_k_only_where_tiles_leave_sms_idle():
-    require_hopper()
     S = jax.ShapeDtypeStruct
     explain = lambda m, k, n: jax_tiled.explain(S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16))
     # 16 tiles: in 4 parts (64 blocks), not 8 (16 clusters of 8 exceed what an
@@ -46,7 +46,6 @@ def test_auto_splits_k_only_where_tiles_leave_sms_idle():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_every_layout_against_float64(rng, dtype, shape):
-    require_hopper()
     batch, m, n, k = shape
     for ta, tb in LAYOUTS:
         if np.dtype(dtype) == np.float32 and ta and not tb:
@@ -60,7 +59,6 @@ def test_every_layout_against_float64(rng, dtype, shape):
 def test_the_shapes_here_split():
     """Every shape above, as "auto" plans it, splits K (else the tests above
     would check whole tiles only)."""
-    require_hopper()
     S = jax.ShapeDtypeStruct
     for dtype in DTYPES:
         for batch, m, n, k in SHAPES:
@@ -70,7 +68,6 @@ def test_the_shapes_here_split():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_bitwise_the_same_run_to_run(rng, dtype):
-    require_hopper()
     a, b, _, _ = operands(rng, 128, 2048, 8192, False, False, dtype)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32))
     first = np.asarray(product(a, b))
@@ -81,7 +78,6 @@ def test_bitwise_the_same_run_to_run(rng, dtype):
 def test_special_values_in_one_part_reach_the_result(rng):
     """inf in the last part's K, NaN in the first's: the sum across the
     cluster's parts carries them as true arithmetic does."""
-    require_hopper()
     m, n, k = 128, 1024, 4096
     a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
     b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
@@ -101,7 +97,6 @@ def test_long_k_no_less_accurate_than_jnp(rng, dtype):
     """bf16/f16 -> float32 over K = 65536 with few tiles, positive inputs
     (where truncated sums show as bias): the error against float64 is within
     twice jnp's."""
-    require_hopper()
     m, n, k = 256, 256, 65536
     a = rng.uniform(0, 1, (m, k)).astype(dtype)
     b = rng.uniform(0, 1, (k, n)).astype(dtype)

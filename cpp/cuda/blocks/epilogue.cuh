@@ -29,6 +29,16 @@ __device__ __forceinline__ void StorePair(Out* at, float x, float y) {
   }
 }
 
+// Whether every row of C, and every matrix of its batch, starts `bytes`-aligned,
+// so that stores of that width at aligned columns stay aligned (a single row
+// or matrix has no stride to check). For the launcher's kernel arguments.
+template <class Out>
+inline bool RowsAligned(const MatmulDims& dims, const Out* out, int bytes) {
+  return reinterpret_cast<uintptr_t>(out) % bytes == 0 &&
+         (dims.m == 1 || dims.ldc * sizeof(Out) % bytes == 0) &&
+         (dims.batch == 1 || dims.out_batch_stride * sizeof(Out) % bytes == 0);
+}
+
 // Eight adjacent outputs as 16-byte stores; `at` is 16-byte aligned.
 template <class Out>
 __device__ __forceinline__ void StoreEight(Out* at, const float (&v)[8]) {

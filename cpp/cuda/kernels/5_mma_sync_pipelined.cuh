@@ -592,9 +592,7 @@ cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const 
                                    dims.a_batch_stride, dims.batch) &&
                       ChunkAligned(b, dims.ldb, dims.transpose_b ? dims.n : dims.k,
                                    dims.b_batch_stride, dims.batch);
-  const bool pairs = reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0 &&
-                     (dims.m == 1 || dims.ldc % 2 == 0) &&
-                     (dims.batch == 1 || dims.out_batch_stride % 2 == 0);
+  const bool pairs = RowsAligned(dims, out, 2 * sizeof(Out));
   return WithConfig<MmaLarge<In, kSplit>, MmaSmall<In, kSplit>>(plan, [&](auto cfg) {
     using Cfg = decltype(cfg);
     return WithMmaFlag(!dims.transpose_a, [&](auto a_k_major) {

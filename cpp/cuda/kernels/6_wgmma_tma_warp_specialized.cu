@@ -35,6 +35,9 @@ __global__ void __launch_bounds__(WgmmaSplitK::kThreads, 1) SplitKStandIn() {}
 
 constexpr int kSplitKSharedBytes =
     kWgmmaSharedBytes<WgmmaSplitK, WgmmaOperands<__half, false, false>, __half>;
+static_assert(kSplitKSharedBytes ==
+                  kWgmmaSharedBytes<WgmmaSplitK, WgmmaOperands<float, false, false>, float>,
+              "16-bit and TF32 split-K kernels take the same shared memory");
 
 // Clusters of `size` (2, 4 or 8) split-K blocks the current GPU holds at
 // once, asked of the driver once per device; where it cannot say (explain

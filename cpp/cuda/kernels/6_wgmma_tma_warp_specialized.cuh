@@ -456,8 +456,7 @@ struct WgmmaRegisterEpilogue {
 
   // The kernel argument for `out`.
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
-    return {out, dims.ldc % 2 == 0 && dims.out_batch_stride % 2 == 0 &&
-                     reinterpret_cast<uintptr_t>(out) % (2 * sizeof(Out)) == 0};
+    return {out, RowsAligned(dims, out, 2 * sizeof(Out))};
   }
 };
 
@@ -526,12 +525,7 @@ struct ClusterReduceEpilogue {
   }
 
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
-    const auto aligned = [&](int bytes) {
-      return dims.ldc * sizeof(Out) % bytes == 0 &&
-             dims.out_batch_stride * sizeof(Out) % bytes == 0 &&
-             reinterpret_cast<uintptr_t>(out) % bytes == 0;
-    };
-    return {out, aligned(2 * sizeof(Out)), aligned(16)};
+    return {out, RowsAligned(dims, out, 2 * sizeof(Out)), RowsAligned(dims, out, 16)};
   }
 };
 
