@@ -84,7 +84,11 @@ def test_explain_names_the_path(bf16_path):
 
 
 def test_a_path_that_is_not_here_or_not_a_path_is_an_error(monkeypatch, rng):
-    a, b = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((5, 7), (7, 3)))
+    # On the CPU: a GPU's products do not read the variable.
+    cpu = jax.devices("cpu")[0]
+    a, b = (
+        jax.device_put(rng.standard_normal(s).astype(jnp.bfloat16), cpu) for s in ((5, 7), (7, 3))
+    )
     for value in ["avx9000", *(p for p in PATHS if p not in HERE)]:
         monkeypatch.setenv(VARIABLE, value)
         with pytest.raises(ValueError, match=VARIABLE):
