@@ -74,7 +74,7 @@ _partitioned_product = _sharding.partitioned(ffi_product)
 # copy that XLA would otherwise make costs a pass over the operand (measured
 # in cpp/cpu/NOTES.md, "Transposing packs"). CUDA waits for a measurement: there
 # the wgmma kernel reads an MN-major A tile more slowly than a K-major one, and
-# float32's a.T @ b layout leaves wgmma for mma.
+# float32's a.T @ b layout runs on smaller tiles (B rewritten in shared memory).
 READS_TRANSPOSES = {"cpu": True, "cuda": False}
 
 

@@ -18,6 +18,7 @@ answer, not this GPU test's.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,18 +69,39 @@ CASES = [
     if (i, o, shape) not in LEFT_OUT
 ]
 
+# (transpose_a, transpose_b): the plain product, and the weight gradient's
+# layout (a stored (k, m), b (k, n)), where TF32 wgmma rewrites B in shared
+# memory rather than read it as it landed.
+LAYOUTS = [pytest.param(False, False, id="a@b"), pytest.param(True, False, id="aT@b")]
+
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("transpose_a,transpose_b", LAYOUTS)
 @pytest.mark.parametrize("distribution", ["positive", "normal"])
 @pytest.mark.parametrize("in_dtype,out_dtype,precision,shape", CASES)
 def test_every_kernel_is_as_accurate_as_jnp(
-    on_gpu, rng, in_dtype, out_dtype, precision, shape, distribution
+    on_gpu, rng, in_dtype, out_dtype, precision, shape, distribution, transpose_a, transpose_b
 ):
     m, k, n = shape
     a, b = inputs(rng, m, k, n, in_dtype, distribution)
     ref = a.astype(np.float64) @ b.astype(np.float64)
+    # Each operand as stored for the layout, and op() of it under jit, where
+    # XLA hands cuBLAS the transposed layout rather than copying.
+    a_stored, b_stored = (a.T.copy() if transpose_a else a), (b.T.copy() if transpose_b else b)
+
+    def op(x, transposed):
+        return x.T if transposed else x
+
     peer_error, peer_bias = error_and_bias(
-        jnp.matmul(a, b, precision=precision, preferred_element_type=out_dtype), ref
+        jax.jit(
+            lambda x, y: jnp.matmul(
+                op(x, transpose_a),
+                op(y, transpose_b),
+                precision=precision,
+                preferred_element_type=out_dtype,
+            )
+        )(a_stored, b_stored),
+        ref,
     )
     # Room for the rounding of the result itself, which neither side avoids
     # (a quarter of the output's epsilon: far below any accumulation effect);
@@ -88,15 +110,17 @@ def test_every_kernel_is_as_accurate_as_jnp(
     floor = float(jnp.finfo(out_dtype).eps) / 4
     bias_floor = floor + 3 * 1.2 * peer_error / np.sqrt(m * n)
     misses = []
-    for kernel in kernels_on(
-        "cuda", in_dtype, out_dtype, problem=(1, 1, m, n, k, False, False), precision=precision
-    ):
-        error, bias = error_and_bias(
-            jax_tiled.matmul(
-                a, b, precision=precision, preferred_element_type=out_dtype, kernel=kernel
-            ),
-            ref,
+    problem = (1, 1, m, n, k, transpose_a, transpose_b)
+    for kernel in kernels_on("cuda", in_dtype, out_dtype, problem=problem, precision=precision):
+        out = jax_tiled.dot_general(
+            a_stored,
+            b_stored,
+            (((0 if transpose_a else 1,), (1 if transpose_b else 0,)), ((), ())),
+            precision=precision,
+            preferred_element_type=out_dtype,
+            kernel=kernel,
         )
+        error, bias = error_and_bias(out, ref)
         if error > 1.2 * peer_error + floor or abs(bias) > 2 * abs(peer_bias) + bias_floor:
             misses.append(f"{kernel}: error {error:.2e}, bias {bias:+.1e}")
     assert not misses, f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; " + "; ".join(

@@ -224,9 +224,12 @@ def test_refusal_float32_by_precision():
 
 @needs_cuda_module
 @pytest.mark.parametrize("precision", ["default", "high"])
-def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
-    """TF32 wgmma reads shared-memory tiles K-major only, and its register
-    operand takes one MN-major operand: not both (transpose_a without transpose_b)."""
+def test_wgmma_float32_takes_every_layout_but_3xtf32_with_both_mn_major(precision):
+    """TF32 wgmma reads B K-major only: with both operands stored MN-major
+    (transpose_a without transpose_b, the weight gradient's layout) one TF32
+    pass rewrites B K-major in shared memory, and explain says so; 3xTF32
+    would need B both rewritten and split, which is not built: refused, and
+    auto runs it on mma."""
     if _ffi.cuda_compute_capability() != _ffi.HOPPER:
         pytest.skip("wgmma needs a Hopper GPU")
     for transpose_a, transpose_b in ((False, False), (False, True), (True, True)):
@@ -234,12 +237,17 @@ def test_refusal_wgmma_float32_needs_a_k_major_operand(precision):
         assert _ffi.refusal("cuda", "wgmma", np.float32, np.float32, problem, precision) == ""
     both_mn_major = (1, 1, 256, 256, 256, True, False)
     why = _ffi.refusal("cuda", "wgmma", np.float32, np.float32, both_mn_major, precision)
-    assert "wgmma" in why and "K-major" in why, why
+    kernel, reason, plan = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
+    if precision == "default":
+        assert why == "", why
+        assert kernel == "wgmma" and "K-major" in reason, reason
+        assert "B rewritten K-major in shared memory" in plan, plan
+    else:
+        assert "wgmma" in why and "3xTF32" in why and "transpose_a=True" in why, why
+        assert kernel == "mma" and "wgmma" in reason and "hi and lo" in reason, reason
     assert _ffi.refusal("cuda", "mma", np.float32, np.float32, both_mn_major, precision) == ""
     # 16-bit wgmma takes every layout.
     assert _ffi.refusal("cuda", "wgmma", jnp.bfloat16, jnp.bfloat16, both_mn_major) == ""
-    kernel, reason, _ = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
-    assert kernel == "mma" and "wgmma" in reason, reason
 
 
 @needs_cuda_module

@@ -1,7 +1,7 @@
 """float32 by precision. On CUDA, DEFAULT runs on TF32 tensor cores (one pass,
 error class ~1e-3), HIGH in 3xTF32 split arithmetic (within 2x of true fp32's
 error), HIGHEST in true fp32 on the SIMT kernels; the tensor-core kernels
-"mma" and "wgmma" refuse HIGHEST, and "wgmma" refuses float32 with both
+"mma" and "wgmma" refuse HIGHEST, and "wgmma" refuses HIGH with both
 operands MN-major (transpose_a without transpose_b). On CPU every precision is
 exact fp32. Tests taking the `platform` fixture check both: on CPU that every
 precision gives the same fp32 result, on CUDA the error class of each.
@@ -342,33 +342,43 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
 
 
 @pytest.mark.gpu
-def test_wgmma_refuses_float32_with_both_operands_mn_major(rng, on_gpu):
-    """a^T @ ct, b's cotangent, is that layout: grad of b on a forced 'wgmma'
-    is refused, the forward product and a's gradient are not; 'auto' runs it on 'mma'."""
+@pytest.mark.parametrize("precision", TF32_PRECISIONS, ids=lambda p: p.name)
+def test_wgmma_float32_with_both_operands_mn_major(rng, on_gpu, precision):
+    """a^T @ ct, b's cotangent, is that layout. One TF32 pass runs it on a
+    forced 'wgmma' (B rewritten K-major in shared memory), so the forward
+    product and both gradients run there; 3xTF32 does not: a forced 'wgmma'
+    is refused for it, and 'auto' runs it on 'mma'."""
     if "wgmma" not in tensor_core_kernels():
         pytest.skip("wgmma needs a Hopper GPU")
     m, n, k = 136, 72, 200
     a, b, a_op, b_op = operands(rng, m, n, k, True, False)
-    for precision in TF32_PRECISIONS:
-        with pytest.raises(ValueError, match="(?s)wgmma.*K-major.*transpose_a=True"):
+    rewrites_b = precision == lax.Precision.DEFAULT
+    kernel, reason, _ = _ffi.cuda_explain(
+        "float32", "float32", (1, 1, m, n, k, True, False), 132, precision
+    )
+    assert kernel == ("wgmma" if rewrites_b else "mma"), reason
+    if not rewrites_b:
+        with pytest.raises(ValueError, match="(?s)wgmma.*3xTF32.*transpose_a=True"):
             bind_product(a, b, True, False, precision=precision, kernel="wgmma")
-        kernel, reason, _ = _ffi.cuda_explain(
-            "float32", "float32", (1, 1, m, n, k, True, False), 132, precision
-        )
-        assert kernel == "mma", reason
+    for forced in ("wgmma", "auto") if rewrites_b else ("auto",):
         assert_matmul_close(
-            bind_product(a, b, True, False, precision=precision),
+            bind_product(a, b, True, False, precision=precision, kernel=forced),
             a_op,
             b_op,
             platform="cuda",
             precision=precision,
         )
-        x = random_array(rng, (m, k), F32)
-        w = random_array(rng, (m, n), F32)
-        y = b_op[0]
-        mm = lambda x, y: jax_tiled.matmul(x, y, precision=precision, kernel="wgmma")
+    x = random_array(rng, (m, k), F32)
+    w = random_array(rng, (m, n), F32)
+    y = b_op[0]
+    mm = lambda x, y: jax_tiled.matmul(x, y, precision=precision, kernel="wgmma")
+    assert_matmul_close(
+        jax.grad(weighted_sum(mm, w))(x, y), w, y.T, platform="cuda", precision=precision
+    )
+    if rewrites_b:
         assert_matmul_close(
-            jax.grad(weighted_sum(mm, w))(x, y), w, y.T, platform="cuda", precision=precision
+            jax.grad(weighted_sum(mm, w), 1)(x, y), x.T, w, platform="cuda", precision=precision
         )
+    else:
         with pytest.raises(ValueError, match="wgmma"):
             jax.grad(weighted_sum(mm, w), 1)(x, y)

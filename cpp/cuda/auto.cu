@@ -21,9 +21,9 @@ std::string TensorCoreInputs(const Product& p) {
 std::string WhyNotWgmma(const Product& p, const DeviceFacts& device) {
   const MatmulDims& d = p.dims;
   if (device.compute_capability != 90) return "wgmma needs a Hopper GPU";
-  if (p.in_type == Dtype::kF32 && d.transpose_a && !d.transpose_b)
-    return "TF32 wgmma needs a K-major operand in shared memory and a stored (k, m) with b "
-           "stored (k, n) has none";
+  if (p.SplitsTf32() && d.transpose_a && !d.transpose_b)
+    return "with a stored (k, m) and b stored (k, n), wgmma's 3xTF32 would need B rewritten "
+           "both K-major and into hi and lo parts, which is not built";
   return "the TMA copy engine needs rows and batches that start at multiples of 16 bytes "
          "(a's rows are " +
          std::to_string(d.lda) + " elements, b's " + std::to_string(d.ldb) + ")";
@@ -46,11 +46,12 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
+        const LaunchPlan plan = wgmma.plan(p, device);
         return TensorCoreInputs(p) +
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
                (tf32 ? ", A through registers" : "") +
-               (wgmma.plan(p, device).swap_ab ? " (TF32 reads B K-major only)" : "");
+               (plan.swap_ab || plan.transposes_b ? " (TF32 reads B K-major only)" : "");
       });
     return choose(mma, [&] {
       return TensorCoreInputs(p) + ": mma.sync tensor cores, since " + WhyNotWgmma(p, device);

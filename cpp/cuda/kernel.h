@@ -74,6 +74,9 @@ struct LaunchPlan {
   // > 1: each tile's K split among a cluster of this many blocks (a split-K
   // configuration's plan), whose grid has one block per part of every tile.
   int split_k = 1;
+  // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
+  // with both operands stored MN-major).
+  bool transposes_b = false;
 
   // Whether a configuration with plan `cfg` runs this plan (a split-K
   // configuration runs any split count).

@@ -108,6 +108,7 @@ std::string LaunchPlan::Describe() const {
     text += ", K split in " + std::to_string(split_k) + " across clusters of " +
             std::to_string(split_k) + " blocks (partial sums added in rank order)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
+  if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

@@ -14,11 +14,11 @@ namespace {
 std::optional<std::string> RefusesLayout(const Product& p) {
   const bool tf32 = p.in_type == Dtype::kF32;
   const MatmulDims& d = p.dims;
-  if (!WgmmaLayoutFits(tf32, d))
-    return "kernel 'wgmma' reads float32 as TF32, whose shared-memory operands must be K-major "
-           "(one may come through registers instead); with a stored (k, m) and b stored (k, n) "
-           "(transpose_a=True, transpose_b=False) both are MN-major (kernel='auto' runs such "
-           "problems on 'mma')";
+  if (!WgmmaLayoutFits(p.SplitsTf32(), d))
+    return "kernel 'wgmma' does not run 3xTF32 (precision HIGH) with a stored (k, m) and b "
+           "stored (k, n) (transpose_a=True, transpose_b=False): TF32 wgmma reads B K-major "
+           "only, and B would need rewriting both K-major and into hi and lo parts "
+           "(kernel='auto' runs such problems on 'mma')";
   // bfloat16 rows are the same bytes as float16 ones.
   if (!(tf32 ? WgmmaCanTake<float>(d, p.a, p.b) : WgmmaCanTake<__half>(d, p.a, p.b)))
     return "kernel 'wgmma' reads operands with the TMA copy engine, which needs every row and "

@@ -38,11 +38,15 @@
 //   where B^T is the register operand and A^T is K-major when a is stored
 //   (m, k), and the epilogue writes C transposed back (each 8-lane group
 //   still writes 32 contiguous bytes);
-// - both MN-major (a stored (k, m), b (k, n)) has no arrangement without a
-//   transposing copy; WgmmaCanTake refuses it and "auto" runs it on "mma".
+// - both MN-major (a stored (k, m), b (k, n), the weight gradient): B lands
+//   MN-major and the producer warpgroup's idle warps rewrite each slab
+//   K-major into a second buffer before the consumers may read it
+//   (TransposeSlabOfB).
 // 3xTF32 needs B split into hi and lo as well: the producer warpgroup's idle
 // warps split each landed B slab in place (hi) and into a second buffer (lo)
 // before releasing the stage to the consumers, which split A in registers.
+// (3xTF32 with both operands MN-major would need both rewrites, a third B
+// buffer per stage: not built; WgmmaLayoutFits refuses it.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -86,12 +90,13 @@ struct WgmmaConfig {
 
 // 128 x 256 tiles, 4 stages of 48 KB, for 16-bit inputs in pairs sharing B;
 // one TF32 pass runs them single (clusters measured no faster there: NOTES.md,
-// "clusters sharing B"). 128 x 128 tiles, 6 stages of 32 KB. 3xTF32 stages
-// carry B's lo half too: 128 x 128 tiles, 4 stages of 48 KB.
+// "clusters sharing B"). 128 x 128 tiles, 6 stages of 32 KB. Stages that
+// carry a rewritten copy of B (3xTF32's lo half, or B rewritten K-major):
+// 128 x 128 tiles, 4 stages of 48 KB.
 using WgmmaWide = WgmmaConfig<256, 4, 2>;
 using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
-using WgmmaSplit = WgmmaConfig<128, 4>;
+using WgmmaRewritingB = WgmmaConfig<128, 4>;
 // Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial sums.
 using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
 
@@ -101,6 +106,10 @@ using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
 //   kSplit: 3xTF32 rather than one TF32 pass.
 //   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
 //     it writes element (i, j) of its result to C[j][i].
+// TF32 wgmma reads B K-major only: a TF32 B landed MN-major is rewritten
+// K-major (kTransposesB). Either rewrite of B (that, or 3xTF32's split) is
+// done by the producer warpgroup's idle warps into the stage's second B
+// buffer (kRewritesB).
 template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
           bool kTransposedOut_ = false>
 struct WgmmaOperands {
@@ -108,18 +117,23 @@ struct WgmmaOperands {
   static constexpr bool kAMnMajor = kAMnMajor_, kBMnMajor = kBMnMajor_;
   static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
   static constexpr bool kTf32 = std::is_same_v<In, float>;
-  static_assert(!kTf32 || !kBMnMajor, "TF32 wgmma reads B K-major only");
+  static constexpr bool kTransposesB = kTf32 && kBMnMajor;
+  static constexpr bool kRewritesB = kSplit || kTransposesB;
+  static_assert(!(kSplit && kTransposesB), "3xTF32 with B MN-major is not built");
   static_assert(kTf32 || (!kSplit && !kTransposedOut), "16-bit products need neither");
 };
 
 template <class Cfg, class Ops>
 struct WgmmaTiles {
   using A = hopper::SwizzledTile<typename Ops::In, Ops::kAMnMajor, Cfg::kBlockM>;
+  // B as the copy engine lands it, and as the consumers' wgmmas read it.
   using B = hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor, Cfg::kBlockN>;
+  using BRead =
+      hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor && !Ops::kTransposesB, Cfg::kBlockN>;
   static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
   static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
-  static constexpr int kBLoBytes = Ops::kSplit ? B::kBytes : 0;
-  static constexpr int kStageBytes = A::kBytes + B::kBytes + kBLoBytes;
+  static constexpr int kBSecondBytes = Ops::kRewritesB ? B::kBytes : 0;
+  static constexpr int kStageBytes = A::kBytes + B::kBytes + kBSecondBytes;
   // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
   // align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
@@ -162,16 +176,17 @@ struct AFragments<Ops, kSteps, true> {
   }
 };
 
-// The block's shared memory: kStages stages of an A tile, a B tile and, for
-// 3xTF32, B's lo half; then per stage a full, an empty and (3xTF32) a landed
-// barrier. Aligned to the 128-byte swizzle's 1 KB period.
+// The block's shared memory: kStages stages of an A tile, a B tile and, where
+// B is rewritten, a second B buffer (3xTF32: B's lo half; else B K-major);
+// then per stage a full, an empty and (B rewritten) a landed barrier.
+// Aligned to the 128-byte swizzle's 1 KB period.
 template <class Cfg, class Ops>
 struct WgmmaStages {
   using Tiles = WgmmaTiles<Cfg, Ops>;
   uint8_t* base;
   uint64_t* full;    // the consumers may read the stage
   uint64_t* empty;   // the consumers are done with it
-  uint64_t* landed;  // 3xTF32: copied, B not yet split
+  uint64_t* landed;  // B rewritten: copied, not yet rewritten
 
   __device__ __forceinline__ explicit WgmmaStages(uint8_t* shared_raw)
       : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 *
@@ -184,7 +199,13 @@ struct WgmmaStages {
     return base + stage * Tiles::kStageBytes;
   }
   __device__ __forceinline__ uint8_t* B(int stage) const { return A(stage) + Tiles::A::kBytes; }
-  __device__ __forceinline__ uint8_t* BLo(int stage) const { return B(stage) + Tiles::B::kBytes; }
+  __device__ __forceinline__ uint8_t* BSecond(int stage) const {
+    return B(stage) + Tiles::B::kBytes;
+  }
+  // The B tile the consumers' wgmmas read (3xTF32: hi, split in place).
+  __device__ __forceinline__ uint8_t* BRead(int stage) const {
+    return Ops::kTransposesB ? BSecond(stage) : B(stage);
+  }
   // The epilogue's shared memory, past the barriers, 16-byte aligned.
   __device__ __forceinline__ uint8_t* Epilogue() const {
     return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(full + 3 * Cfg::kStages) + 15) /
@@ -192,14 +213,14 @@ struct WgmmaStages {
   }
 
   // By one thread, before the block's first __syncthreads.
-  __device__ __forceinline__ void Init(int splitters) const {
+  __device__ __forceinline__ void Init(int rewriters) const {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      // The producer's arrival (the copy engine adds the bytes), or every splitter's.
-      hopper::InitBarrier(&full[s], Ops::kSplit ? splitters : 1);
+      // The producer's arrival (the copy engine adds the bytes), or every rewriter's.
+      hopper::InitBarrier(&full[s], Ops::kRewritesB ? rewriters : 1);
       // Every consumer warp of every block of the cluster: each block's
       // producer copies into all of their stages.
       hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers * Cfg::kClusterM);
-      if constexpr (Ops::kSplit) hopper::InitBarrier(&landed[s], 1);
+      if constexpr (Ops::kRewritesB) hopper::InitBarrier(&landed[s], 1);
     }
     hopper::FenceBarrierInit();
   }
@@ -216,23 +237,24 @@ struct StageCursor {
 };
 
 // Warpgroup 0. One thread issues the copy engine's loads, kStages slabs ahead
-// of the consumers; for 3xTF32 the other three warps split each landed B slab
-// into hi (in place) and lo (beside it) before the consumers may read it. The
-// rest of its registers go to the consumers (setmaxnreg). Both walk the
+// of the consumers; where B is rewritten, the other three warps rewrite each
+// landed B slab (3xTF32: split into hi in place and lo beside it; TF32 landed
+// MN-major: transposed K-major beside it) before the consumers may read it.
+// The rest of its registers go to the consumers (setmaxnreg). Both walk the
 // block's work units in the scheduler's order, as the consumers do.
 template <class Cfg, class Ops, class Scheduler>
 struct WgmmaProducer {
   using Stages = WgmmaStages<Cfg, Ops>;
   using Tiles = typename Stages::Tiles;
-  static constexpr int kSplitters = 96;  // the warpgroup's threads past its first warp
+  static constexpr int kRewriters = 96;  // the warpgroup's threads past its first warp
 
   __device__ __forceinline__ static void Run(const Stages& stages, const CUtensorMap* a_map,
                                              const CUtensorMap* b_map, const MatmulDims& dims) {
     hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
       Copy(stages, a_map, b_map, dims);
-    } else if constexpr (Ops::kSplit) {
-      if (threadIdx.x >= 32) SplitB(stages, dims, threadIdx.x - 32);
+    } else if constexpr (Ops::kRewritesB) {
+      if (threadIdx.x >= 32) RewriteB(stages, dims, threadIdx.x - 32);
     }
   }
 
@@ -242,7 +264,7 @@ struct WgmmaProducer {
   __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
                                               const CUtensorMap* b_map, const MatmulDims& dims) {
     constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
-    uint64_t* const copied = Ops::kSplit ? stages.landed : stages.full;
+    uint64_t* const copied = Ops::kRewritesB ? stages.landed : stages.full;
     StageCursor<Cfg::kStages> at;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
@@ -262,28 +284,58 @@ struct WgmmaProducer {
     }
   }
 
-  __device__ __forceinline__ static void SplitB(const Stages& stages, const MatmulDims& dims,
-                                                int splitter) {
+  // Every landed B slab rewritten, then handed to the consumers.
+  __device__ __forceinline__ static void RewriteB(const Stages& stages, const MatmulDims& dims,
+                                                  int rewriter) {
     StageCursor<Cfg::kStages> at;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
-        uint4* const hi = reinterpret_cast<uint4*>(stages.B(at.stage));
-        uint4* const lo = reinterpret_cast<uint4*>(stages.BLo(at.stage));
-        for (int i = splitter; i < Tiles::B::kBytes / 16; i += kSplitters) {
-          uint4 h = hi[i], l;
-          SplitTf32(__uint_as_float(h.x), h.x, l.x);
-          SplitTf32(__uint_as_float(h.y), h.y, l.y);
-          SplitTf32(__uint_as_float(h.z), h.z, l.z);
-          SplitTf32(__uint_as_float(h.w), h.w, l.w);
-          hi[i] = h;
-          lo[i] = l;
-        }
+        if constexpr (Ops::kSplit)
+          SplitSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
+        else TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
         hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
         hopper::Arrive(&stages.full[at.stage]);
         at.Advance();
       }
+    }
+  }
+
+  // 3xTF32: B split into hi, in place, and lo.
+  __device__ __forceinline__ static void SplitSlabOfB(uint8_t* b, uint8_t* b_lo, int rewriter) {
+    uint4* const hi = reinterpret_cast<uint4*>(b);
+    uint4* const lo = reinterpret_cast<uint4*>(b_lo);
+    for (int i = rewriter; i < Tiles::B::kBytes / 16; i += kRewriters) {
+      uint4 h = hi[i], l;
+      SplitTf32(__uint_as_float(h.x), h.x, l.x);
+      SplitTf32(__uint_as_float(h.y), h.y, l.y);
+      SplitTf32(__uint_as_float(h.z), h.z, l.z);
+      SplitTf32(__uint_as_float(h.w), h.w, l.w);
+      hi[i] = h;
+      lo[i] = l;
+    }
+  }
+
+  // TF32 B landed MN-major (already rounded by the copy engine), written
+  // K-major: a thread takes one column and four of K, four 4-byte reads along
+  // the K rows and one 16-byte write. A warp's 32 lanes take 32 consecutive
+  // columns, so each read is one whole 128-byte row of the landed tile and
+  // each 8 lanes' writes go to 8 rows whose swizzle puts them in 8 distinct
+  // 16-byte chunks: no bank conflicts either way. (Four columns a thread,
+  // 16-byte reads, need more than the producer's 40 registers.)
+  __device__ __forceinline__ static void TransposeSlabOfB(const uint8_t* landed, uint8_t* k_major,
+                                                          int rewriter) {
+    using Landed = typename Tiles::B;
+    using Read = typename Tiles::BRead;
+    for (int i = rewriter; i < Cfg::kBlockN * Tiles::kSlab / 4; i += kRewriters) {
+      const int col = i % Cfg::kBlockN, k = 4 * (i / Cfg::kBlockN);
+      float v[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        v[r] = *reinterpret_cast<const float*>(landed + Landed::ElementOffset(col, k + r));
+      *reinterpret_cast<float4*>(k_major + Read::ElementOffset(col, k)) =
+          make_float4(v[0], v[1], v[2], v[3]);
     }
   }
 };
@@ -344,15 +396,15 @@ struct WgmmaConsumer {
     if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
     a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
     hopper::WgmmaFence();
-    auto b = [&](int step) { return Tiles::B::Descriptor(stages.B(at.stage), 0, step); };
+    auto b = [&](int step) { return Tiles::BRead::Descriptor(stages.BRead(at.stage), 0, step); };
     if constexpr (Ops::kSplit) {
       // Into a fresh slab sum: the small terms of every step first, so only
       // the four big ones are added (truncated) into a large partial sum.
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), step > 0);
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step],
-                                        Tiles::B::Descriptor(stages.BLo(at.stage), 0, step), 1);
+        hopper::WgmmaTf32<Cfg::kBlockN>(
+            partial, a.hi[step], Tiles::BRead::Descriptor(stages.BSecond(at.stage), 0, step), 1);
       }
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step)
@@ -546,7 +598,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     hopper::PrefetchTensorMap(&a_map);
     hopper::PrefetchTensorMap(&b_map);
-    stages.Init(Producer::kSplitters);
+    stages.Init(Producer::kRewriters);
   }
   // The barriers are initialised before any block of the cluster copies into
   // this one or arrives on them.
@@ -593,9 +645,17 @@ hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
   return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
 }
 
-// TF32 reads B K-major only: with B stored MN-major (the plain a @ b), the
-// kernel computes C^T = B^T A^T (see the top of this file).
-inline bool WgmmaSwapsAB(bool tf32, const MatmulDims& d) { return tf32 && !d.transpose_b; }
+// TF32 reads B K-major only: with B stored MN-major and A stored (m, k) (the
+// plain a @ b), the kernel computes C^T = B^T A^T (see the top of this file).
+inline bool WgmmaSwapsAB(bool tf32, const MatmulDims& d) {
+  return tf32 && !d.transpose_b && !d.transpose_a;
+}
+
+// ... and with both stored MN-major (a (k, m), b (k, n)), it rewrites B
+// K-major in shared memory.
+inline bool WgmmaTransposesB(bool tf32, const MatmulDims& d) {
+  return tf32 && d.transpose_a && !d.transpose_b;
+}
 
 // The problem a wgmma kernel runs for the caller's: the caller's own, or
 // C^T = B^T A^T.
@@ -617,10 +677,10 @@ inline WgmmaArrangement ArrangeWgmma(const MatmulDims& d, const void* a, const v
   return {t, b, a, true};  // ldc and the output's batch stride stay the caller's
 }
 
-// TF32 cannot run a stored (k, m) with b stored (k, n): no arrangement puts
-// a K-major operand in shared memory.
-inline bool WgmmaLayoutFits(bool tf32, const MatmulDims& d) {
-  return !tf32 || !d.transpose_a || d.transpose_b;
+// 3xTF32 does not run a stored (k, m) with b stored (k, n): B would need
+// both rewrites (WgmmaOperands).
+inline bool WgmmaLayoutFits(bool split_tf32, const MatmulDims& d) {
+  return !WgmmaTransposesB(split_tf32, d);
 }
 
 // Whether the copy engine can read both operands (16-byte-aligned rows and
@@ -715,7 +775,7 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
                                const LaunchPlan& plan) {
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
-  if constexpr (std::is_same_v<In, float>) {  // B is K-major (WgmmaLayoutFits)
+  if constexpr (std::is_same_v<In, float>) {  // B is K-major: LaunchWgmmaFor rewrites it else
     if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
       return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
                                                                                 plan);
@@ -733,12 +793,13 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
 
 inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 
-// The plan for a product: 3xTF32 on WgmmaSplit, else wide tiles in pairs
-// sharing B where they fill the GPU, else 128 x 128 tiles with K split across
+// The plan for a product: WgmmaRewritingB where B is rewritten (3xTF32, or
+// TF32 with both operands stored MN-major), else wide tiles in pairs sharing
+// B where they fill the GPU, else 128 x 128 tiles with K split across
 // clusters where the tiles alone would leave most SMs idle, else 128 x 128
-// tiles; swapped for TF32 with B stored MN-major. Whole tiles run on a
-// persistent grid of one block per SM (whole clusters), or per tile where
-// there are fewer.
+// tiles; swapped for TF32 with B stored MN-major and A not. Whole tiles run
+// on a persistent grid of one block per SM (whole clusters), or per tile
+// where there are fewer.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
@@ -752,7 +813,12 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
         std::min<int64_t>(Scheduler::Units(arranged), multiprocessors / Cfg::kClusterM);
     return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
   };
-  if (p.SplitsTf32()) return plan(WgmmaSplit{});
+  if (WgmmaTransposesB(p.in_type == Dtype::kF32, p.dims)) {
+    LaunchPlan transposing = plan(WgmmaRewritingB{});
+    transposing.transposes_b = true;
+    return transposing;
+  }
+  if (p.SplitsTf32()) return plan(WgmmaRewritingB{});
   if (WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   // K per slab: one 128-byte swizzle row of the input type.
@@ -769,17 +835,23 @@ template <class In>
 cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
                            const LaunchContext& context) {
   constexpr bool kTf32 = std::is_same_v<In, float>;
-  if (!WgmmaLayoutFits(kTf32, p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims))
+  if (!WgmmaLayoutFits(p.SplitsTf32(), p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims) ||
+      plan.transposes_b != WgmmaTransposesB(kTf32, p.dims))
     return cudaErrorInvalidValue;
   const WgmmaArrangement w = ArrangeWgmma(p.dims, p.a, p.b, plan.swap_ab);
   return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
     using Out = decltype(result);
     Out* const c = static_cast<Out*>(out);
-    if constexpr (kTf32)
+    if constexpr (kTf32) {
+      if (plan.transposes_b)  // A and B both MN-major: the only such TF32 instance
+        return WithConfig<WgmmaRewritingB>(plan, [&](auto cfg) {
+          return LaunchWgmmaWith<decltype(cfg), WgmmaOperands<In, true, true>>(w, c, context, plan);
+        });
       if (p.SplitsTf32())
-        return WithConfig<WgmmaSplit>(plan, [&](auto cfg) {
+        return WithConfig<WgmmaRewritingB>(plan, [&](auto cfg) {
           return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context, plan);
         });
+    }
     using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
     return WithConfig<Wide, WgmmaNarrow, WgmmaSplitK>(plan, [&](auto cfg) {
       return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
