@@ -192,6 +192,30 @@ __device__ __forceinline__ int ClusterSize() {
   return static_cast<int>(size);
 }
 
+// Loads and stores at 32-bit shared-memory addresses (SharedAddress): through
+// a generic pointer each costs 64-bit address arithmetic and the generic
+// path's longer latency, which made the producer warpgroup's B rewrites the
+// slowest stage of their pipelines (NOTES.md, "The weight gradient's layout
+// on TF32 wgmma"). Volatile: they stay in order with the barrier waits.
+__device__ __forceinline__ uint32_t LoadShared(uint32_t address) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(address) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 LoadShared4(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void StoreShared4(uint32_t address, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // Four floats at the shared-memory address of `local` in the cluster's block
 // of rank `cta` (distributed shared memory); `local` is 16-byte aligned.
 __device__ __forceinline__ float4 LoadSharedInCluster(const float* local, int cta) {
@@ -272,11 +296,13 @@ struct SwizzledTile {
   }
 
   // Byte offset of element (x, k): the swizzle moves 16-byte chunk c of
-  // stored row r to chunk c ^ (r % 8).
-  __device__ __forceinline__ static int ElementOffset(int x, int k) {
-    const int row = kMnMajor ? k : x;
-    const int byte = (kMnMajor ? x % kElements : k) * static_cast<int>(sizeof(In));
-    const int box = kMnMajor ? x / kElements : 0;
+  // stored row r to chunk c ^ (r % 8). Unsigned: x and k are never negative,
+  // and signed division and remainder cost fix-up instructions on every
+  // element the consumers and rewriters address.
+  __device__ __forceinline__ static uint32_t ElementOffset(uint32_t x, uint32_t k) {
+    const uint32_t row = kMnMajor ? k : x;
+    const uint32_t byte = (kMnMajor ? x % kElements : k) * sizeof(In);
+    const uint32_t box = kMnMajor ? x / kElements : 0;
     return box * kBoxBytes + row * kSwizzleBytes + ((byte / 16) ^ (row % 8)) * 16 + byte % 16;
   }
 

@@ -156,12 +156,13 @@ struct AFragments<Ops, kSteps, true> {
   // g = lane / 4, t = lane % 4: wgmma's TF32 A layout for warp rows row0.
   template <class Tile>
   __device__ __forceinline__ void Load(const uint8_t* tile, int row0, int lane) {
+    const uint32_t at = SharedAddress(tile);
 #pragma unroll
     for (int step = 0; step < kSteps; ++step)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
-        const float x = *reinterpret_cast<const float*>(tile + Tile::ElementOffset(row, k));
+        const float x = __uint_as_float(hopper::LoadShared(at + Tile::ElementOffset(row, k)));
         if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);
         else hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
       }
@@ -304,38 +305,46 @@ struct WgmmaProducer {
 
   // 3xTF32: B split into hi, in place, and lo.
   __device__ __forceinline__ static void SplitSlabOfB(uint8_t* b, uint8_t* b_lo, int rewriter) {
-    uint4* const hi = reinterpret_cast<uint4*>(b);
-    uint4* const lo = reinterpret_cast<uint4*>(b_lo);
-    for (int i = rewriter; i < Tiles::B::kBytes / 16; i += kRewriters) {
-      uint4 h = hi[i], l;
+    const uint32_t hi = SharedAddress(b), lo = SharedAddress(b_lo);
+    for (uint32_t at = 16 * rewriter; at < Tiles::B::kBytes; at += 16 * kRewriters) {
+      uint4 h = hopper::LoadShared4(hi + at), l;
       SplitTf32(__uint_as_float(h.x), h.x, l.x);
       SplitTf32(__uint_as_float(h.y), h.y, l.y);
       SplitTf32(__uint_as_float(h.z), h.z, l.z);
       SplitTf32(__uint_as_float(h.w), h.w, l.w);
-      hi[i] = h;
-      lo[i] = l;
+      hopper::StoreShared4(hi + at, h);
+      hopper::StoreShared4(lo + at, l);
     }
   }
 
   // TF32 B landed MN-major (already rounded by the copy engine), written
-  // K-major: a thread takes one column and four of K, four 4-byte reads along
-  // the K rows and one 16-byte write. A warp's 32 lanes take 32 consecutive
-  // columns, so each read is one whole 128-byte row of the landed tile and
-  // each 8 lanes' writes go to 8 rows whose swizzle puts them in 8 distinct
-  // 16-byte chunks: no bank conflicts either way. (Four columns a thread,
-  // 16-byte reads, need more than the producer's 40 registers.)
+  // K-major: a thread takes one column and eight of K, eight 4-byte reads
+  // along the K rows, all in flight at once, and two 16-byte writes. A warp's
+  // 32 lanes take 32 consecutive columns, so each read is one whole 128-byte
+  // row of the landed tile and each 8 lanes' writes go to 8 rows whose
+  // swizzle puts them in 8 distinct 16-byte chunks: no bank conflicts either
+  // way. Shared addresses, not generic pointers, and few instructions an
+  // element: this runs beside the tensor cores on every slab (NOTES.md, "The
+  // weight gradient's layout on TF32 wgmma").
   __device__ __forceinline__ static void TransposeSlabOfB(const uint8_t* landed, uint8_t* k_major,
                                                           int rewriter) {
     using Landed = typename Tiles::B;
     using Read = typename Tiles::BRead;
-    for (int i = rewriter; i < Cfg::kBlockN * Tiles::kSlab / 4; i += kRewriters) {
-      const int col = i % Cfg::kBlockN, k = 4 * (i / Cfg::kBlockN);
-      float v[4];
+    // Rows k .. k + 7 of a landed column (k a multiple of 8, the tile 1 KB
+    // aligned) lie 128 bytes apart with their 16-byte chunks XORed by 0 .. 7:
+    // row k + r is at (row k's address) ^ (144 r), that is + 128 r with the
+    // chunk ^ r, no carries. K-major, (col, k + 4) is (col, k)'s next chunk.
+    static_assert(Landed::kElements == 32 && hopper::kSwizzleBytes == 128, "32 floats a row");
+    const uint32_t from = SharedAddress(landed), to = SharedAddress(k_major);
+    for (uint32_t i = rewriter; i < Cfg::kBlockN * Tiles::kSlab / 8; i += kRewriters) {
+      const uint32_t col = i % Cfg::kBlockN, k = 8 * (i / Cfg::kBlockN);
+      const uint32_t first = from + Landed::ElementOffset(col, k);
+      uint32_t v[8];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        v[r] = *reinterpret_cast<const float*>(landed + Landed::ElementOffset(col, k + r));
-      *reinterpret_cast<float4*>(k_major + Read::ElementOffset(col, k)) =
-          make_float4(v[0], v[1], v[2], v[3]);
+      for (uint32_t r = 0; r < 8; ++r) v[r] = hopper::LoadShared(first ^ (144 * r));
+      const uint32_t row = to + Read::ElementOffset(col, k);
+      hopper::StoreShared4(row, {v[0], v[1], v[2], v[3]});
+      hopper::StoreShared4(row ^ 16, {v[4], v[5], v[6], v[7]});
     }
   }
 };
