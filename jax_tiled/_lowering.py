@@ -5,7 +5,9 @@ package was built with nvcc), the lowering rule
 
 0. reads an operand that is a transpose of its last two axes (`a @ b.T`) as
    stored, through the kernel's transpose flag, instead of copying it first
-   (`_read_as_stored`; on the platforms in READS_TRANSPOSES);
+   (`_read_as_stored`; on the platforms in READS_TRANSPOSES); and the other
+   way round, copies b K-major first where `auto`'s kernel reads the layout as
+   stored slowly (`copies_b_k_major`);
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
@@ -135,6 +137,27 @@ def _read_as_stored(value, aval, transposed: bool):
     return source, aval.update(shape=(batch, cols, rows)), not transposed
 
 
+def copies_b_k_major(platform, kernel, operand_dtype, precision, transpose_a, transpose_b) -> bool:
+    """Whether the call takes b through XLA's transpose (stored (n, k)) before
+    the kernel: on a Hopper GPU, for `auto`, float32 on the tensor cores
+    (DEFAULT, HIGH) with a stored (k, m) and b stored (k, n), the weight
+    gradient's layout. TF32 `wgmma` reads its shared-memory operand K-major
+    only; as stored, it rewrites every B slab in shared memory on 128 x 128
+    tiles (one TF32 pass; 3xTF32 not at all), 0.77 ms at 4096^3 on an H100
+    against 0.46 ms for the transpose and the product on b K-major
+    (cpp/cuda/NOTES.md, "The weight gradient's layout on TF32 wgmma"). A
+    forced kernel runs the layout as given."""
+    return (
+        platform == "cuda"
+        and kernel == "auto"
+        and transpose_a
+        and not transpose_b
+        and np.dtype(operand_dtype) == np.float32
+        and precision in (lax.Precision.DEFAULT, lax.Precision.HIGH)
+        and _ffi.cuda_compute_capability() == _ffi.HOPPER
+    )
+
+
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
     if READS_TRANSPOSES[platform]:
         a, a_aval, transpose_a = _read_as_stored(a, ctx.avals_in[0], transpose_a)
@@ -151,6 +174,12 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
+    copy_b = copies_b_k_major(
+        platform, kernel, run.operand_dtype, run.precision, transpose_a, transpose_b
+    )
+    if copy_b:
+        transpose_b = True
+        b_aval = b_aval.update(shape=(*b_aval.shape[:-2], *b_aval.shape[:-3:-1]))
     _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     check_kernel_runs(
         platform,
@@ -174,6 +203,8 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     def partitioned(a, b):
         with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
             a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
+            if copy_b:
+                b = jax.numpy.swapaxes(b, -1, -2)
             if wide:
                 # The partitioning callbacks trace later, with float64 off again:
                 # the bare call instead (XLA gathers sharded operands for it).

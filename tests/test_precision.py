@@ -343,6 +343,32 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", TF32_PRECISIONS, ids=lambda p: p.name)
+def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision):
+    """On a Hopper GPU, auto takes b of a float32 a.T @ b through XLA's
+    transpose before the kernel (_lowering.copies_b_k_major): the kernel then
+    reads B K-major. A forced kernel, HIGHEST and 16-bit inputs read b as
+    stored."""
+    if "wgmma" not in tensor_core_kernels():
+        pytest.skip("wgmma needs a Hopper GPU")
+    weight_gradient = (((0,), (0,)), ((), ()))
+
+    def transposes(kernel="auto", dtype=F32, precision=precision):
+        a, b = jax.ShapeDtypeStruct((200, 136), dtype), jax.ShapeDtypeStruct((200, 72), dtype)
+        product = jax.jit(
+            lambda a, b: jax_tiled.dot_general(
+                a, b, weight_gradient, precision=precision, kernel=kernel
+            )
+        )
+        return "stablehlo.transpose" in product.lower(a, b).as_text()
+
+    assert transposes()
+    assert not transposes(kernel="wgmma")
+    assert not transposes(dtype=jnp.bfloat16)
+    assert not transposes(precision=lax.Precision.HIGHEST)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", TF32_PRECISIONS, ids=lambda p: p.name)
 def test_wgmma_float32_with_both_operands_mn_major(rng, on_gpu, precision):
     """a^T @ ct, b's cotangent, is that layout. One TF32 pass runs it on a
     forced 'wgmma' (B rewritten K-major in shared memory), so the forward
