@@ -346,8 +346,8 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
 def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision):
     """On a Hopper GPU, auto takes b of a float32 a.T @ b through XLA's
     transpose before the kernel (_lowering.copies_b_k_major): the kernel then
-    reads B K-major. A forced kernel, HIGHEST and 16-bit inputs read b as
-    stored."""
+    reads B K-major. A forced kernel ('mma', which takes every layout at every
+    precision), HIGHEST and 16-bit inputs read b as stored."""
     if "wgmma" not in tensor_core_kernels():
         pytest.skip("wgmma needs a Hopper GPU")
     weight_gradient = (((0,), (0,)), ((), ()))
@@ -362,7 +362,7 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
         return "stablehlo.transpose" in product.lower(a, b).as_text()
 
     assert transposes()
-    assert not transposes(kernel="wgmma")
+    assert not transposes(kernel="mma")
     assert not transposes(dtype=jnp.bfloat16)
     assert not transposes(precision=lax.Precision.HIGHEST)
 

@@ -18,7 +18,8 @@ std::optional<std::string> RefusesLayout(const Product& p) {
     return "kernel 'wgmma' does not run 3xTF32 (precision HIGH) with a stored (k, m) and b "
            "stored (k, n) (transpose_a=True, transpose_b=False): TF32 wgmma reads B K-major "
            "only, and B would need rewriting both K-major and into hi and lo parts "
-           "(kernel='auto' runs such problems on 'mma')";
+           "(kernel='auto' on a Hopper GPU takes b through XLA's transpose first and runs "
+           "the product on 'wgmma')";
   // bfloat16 rows are the same bytes as float16 ones.
   if (!(tf32 ? WgmmaCanTake<float>(d, p.a, p.b) : WgmmaCanTake<__half>(d, p.a, p.b)))
     return "kernel 'wgmma' reads operands with the TMA copy engine, which needs every row and "
