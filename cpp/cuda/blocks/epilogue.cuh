@@ -29,6 +29,15 @@ __device__ __forceinline__ void StorePair(Out* at, float x, float y) {
   }
 }
 
+// Two adjacent 16-bit outputs packed as one 32-bit word, the first in the low half.
+template <class Out>
+__device__ __forceinline__ uint32_t PackPair(float x, float y) {
+  static_assert(sizeof(Out) == 2, "16-bit outputs only");
+  alignas(4) Out packed[2];
+  StorePair(packed, x, y);
+  return *reinterpret_cast<const uint32_t*>(packed);
+}
+
 // Whether every row of C, and every matrix of its batch, starts `bytes`-aligned,
 // so that stores of that width at aligned columns stay aligned (a single row
 // or matrix has no stride to check). For the launcher's kernel arguments.

@@ -176,6 +176,35 @@ __device__ __forceinline__ void LoadBoxMulticast(void* dst, const CUtensorMap* m
       : "memory");
 }
 
+// Copies the shared memory at `src` (1024-byte aligned, in the map's 128-byte
+// swizzle) to box (c0, c1, c2) of `map`, clipped to the tensor's bounds, as
+// part of this thread's next bulk group (CommitStores). Before it, every
+// thread that wrote `src` fences (FenceProxyAsync) and the writers pass a
+// barrier with the issuing thread.
+__device__ __forceinline__ void StoreBox(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                         int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void CommitStores() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed store groups may
+// still read their shared memory.
+template <int kPending>
+__device__ __forceinline__ void WaitStoresRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The `threads` threads (whole warps) that pass barrier `id` wait for each
+// other; 0 is __syncthreads', the kernels name the others.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // -------------------------------------------------- thread-block clusters
 
 // This block's rank in its cluster.
@@ -209,6 +238,12 @@ __device__ __forceinline__ uint4 LoadShared4(uint32_t address) {
                : "r"(address)
                : "memory");
   return v;
+}
+__device__ __forceinline__ void StoreShared(uint32_t address, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(v) : "memory");
+}
+__device__ __forceinline__ void StoreShared2(uint32_t address, uint2 v) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(address), "r"(v.x), "r"(v.y) : "memory");
 }
 __device__ __forceinline__ void StoreShared4(uint32_t address, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(v.x), "r"(v.y),

@@ -137,8 +137,9 @@ struct WgmmaTiles {
   // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
   // align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
-  // Slack to align the epilogue's shared memory past the barriers.
-  static constexpr int kEpilogueAlignment = 16;
+  // Slack to align the epilogue's shared memory past the barriers (the
+  // copy engine's 128-byte swizzle repeats every 1 KB).
+  static constexpr int kEpilogueAlignment = 1024;
 };
 
 // This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
@@ -207,10 +208,11 @@ struct WgmmaStages {
   __device__ __forceinline__ uint8_t* BRead(int stage) const {
     return Ops::kTransposesB ? BSecond(stage) : B(stage);
   }
-  // The epilogue's shared memory, past the barriers, 16-byte aligned.
+  // The epilogue's shared memory, past the barriers, 1 KB aligned.
   __device__ __forceinline__ uint8_t* Epilogue() const {
-    return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(full + 3 * Cfg::kStages) + 15) /
-                                      16 * 16);
+    constexpr uintptr_t kAlign = Tiles::kEpilogueAlignment;
+    return reinterpret_cast<uint8_t*>(
+        (reinterpret_cast<uintptr_t>(full + 3 * Cfg::kStages) + kAlign - 1) / kAlign * kAlign);
   }
 
   // By one thread, before the block's first __syncthreads.
@@ -485,9 +487,10 @@ struct WgmmaConsumer {
 // per 8 columns, a thread holds rows r and r + 8 (r = 16 * warp + lane / 4),
 // columns 2 * (lane % 4) + {0, 1}. An epilogue is a struct of this shape:
 // Params (its kernel argument) and ParamsFor, kSharedBytes (its shared
-// memory, past the stages), Store (by the consumers, per unit) and Join (by
-// the producer warpgroup once its copies are issued: its part in any block
-// barriers the epilogue needs).
+// memory, past the stages), Store (by the consumers, per unit), Finish (by
+// the consumers once their units are done) and Join (by the producer
+// warpgroup once its copies are issued: its part in any block barriers the
+// epilogue needs).
 template <class Cfg, class Ops, class Out>
 struct WgmmaRegisterEpilogue {
   struct Params {
@@ -497,6 +500,7 @@ struct WgmmaRegisterEpilogue {
   static constexpr int kSharedBytes = 0;
 
   __device__ __forceinline__ static void Join() {}
+  __device__ __forceinline__ static void Finish() {}
 
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
                                                const Params& params, const MatmulDims& dims,
@@ -518,6 +522,95 @@ struct WgmmaRegisterEpilogue {
   // The kernel argument for `out`.
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
     return {out, RowsAligned(dims, out, 2 * sizeof(Out))};
+  }
+};
+
+// The epilogue that stages each consumer warpgroup's 64 rows in shared memory
+// and writes them with the copy engine (TMA stores), one 128-byte-wide chunk
+// of columns at a time: whole lines to global memory, where the register
+// epilogue writes 16- or 32-byte pieces of rows (half sectors), and
+// asynchronously, so the consumers go on to the next unit's mainloop while
+// the copy engine drains the last chunks. Two buffers a warpgroup: a chunk is
+// written while the one before is still being read. The copy engine clips at
+// C's edges. Where it cannot write C (rows or batches not 16-byte aligned),
+// the register epilogue's stores instead. The tile's columns are C's columns
+// (not for a transposed C, whose chunks would need transposing on the way).
+template <class Cfg, class Ops, class Out>
+struct WgmmaTmaStoreEpilogue {
+  static_assert(!Ops::kTransposedOut, "the chunks are C's rows");
+  using Fallback = WgmmaRegisterEpilogue<Cfg, Ops, Out>;
+  struct Params {
+    CUtensorMap c_map;  // encoded where `tma`
+    typename Fallback::Params fallback;
+    bool tma;
+  };
+  static constexpr int kRows = 64;  // a consumer warpgroup's
+  static constexpr int kChunkColumns = hopper::kSwizzleBytes / sizeof(Out);
+  static constexpr int kChunks = Cfg::kBlockN / kChunkColumns;
+  static constexpr int kChunkBytes = kRows * hopper::kSwizzleBytes;
+  static constexpr int kBuffers = 2;
+  static constexpr int kSharedBytes = Cfg::kConsumers * kBuffers * kChunkBytes;
+  static_assert(kChunks % kBuffers == 0, "every unit starts on buffer 0");
+
+  __device__ __forceinline__ static void Join() {}
+
+  // The warpgroup's thread that issues its stores.
+  __device__ __forceinline__ static bool Issues() { return threadIdx.x % 128 == 0; }
+
+  __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
+                                               const Params& params, const MatmulDims& dims,
+                                               const WorkUnit& unit, uint8_t* shared) {
+    if (!params.tma) return Fallback::Store(consumer, params.fallback, dims, unit, shared);
+    const int group = consumer.a_rows / kRows, lane = consumer.lane;
+    const uint32_t buffers = SharedAddress(shared) + group * kBuffers * kChunkBytes;
+    const uint32_t row = 16 * consumer.warp + lane / 4;  // and row + 8
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      const uint32_t buffer = buffers + chunk % kBuffers * kChunkBytes;
+      // The store that read this buffer two chunks ago is done with it.
+      if (Issues()) hopper::WaitStoresRead<kBuffers - 1>();
+      hopper::NamedBarrierSync(1 + group, 128);
+#pragma unroll
+      for (uint32_t half = 0; half < 2; ++half) {
+        const uint32_t r = row + 8 * half;
+#pragma unroll
+        for (int j = 0; j < kChunkColumns / 8; ++j) {
+          // Columns 8 j + 2 (lane % 4) and the next, at C's 128-byte swizzle.
+          const uint32_t byte = (8 * j + 2 * (lane % 4)) * sizeof(Out);
+          const uint32_t at =
+              buffer + r * hopper::kSwizzleBytes + ((byte / 16) ^ (r % 8)) * 16 + byte % 16;
+          const float x = consumer.acc[4 * (chunk * kChunkColumns / 8 + j) + 2 * half];
+          const float y = consumer.acc[4 * (chunk * kChunkColumns / 8 + j) + 2 * half + 1];
+          if constexpr (std::is_same_v<Out, float>)
+            hopper::StoreShared2(at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
+          else hopper::StoreShared(at, PackPair<Out>(x, y));
+        }
+      }
+      hopper::FenceProxyAsync();  // this thread's writes, before the copy engine reads them
+      hopper::NamedBarrierSync(1 + group, 128);
+      if (Issues()) {
+        hopper::StoreBox(&params.c_map, buffer, unit.col0 + chunk * kChunkColumns,
+                         unit.row0 + consumer.a_rows, unit.batch);
+        hopper::CommitStores();
+      }
+    }
+  }
+
+  // No block leaves while the copy engine may still read its shared memory.
+  __device__ __forceinline__ static void Finish() {
+    if (Issues()) hopper::WaitStoresRead<0>();
+  }
+
+  static Params ParamsFor(const MatmulDims& dims, Out* out) {
+    Params params{};
+    params.fallback = Fallback::ParamsFor(dims, out);
+    const hopper::OperandLayout c{out,      dims.n,
+                                  dims.m,   dims.batch,
+                                  dims.ldc, dims.out_batch_stride,
+                                  kRows,    static_cast<int>(sizeof(Out))};
+    params.tma =
+        hopper::TmaCanTake(c) && hopper::EncodeOperand<Out>(c, &params.c_map) == cudaSuccess;
+    return params;
   }
 };
 
@@ -548,6 +641,7 @@ struct ClusterReduceEpilogue {
     hopper::ClusterSync();
     hopper::ClusterSync();
   }
+  __device__ __forceinline__ static void Finish() {}
 
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
                                                const Params& params, const MatmulDims& dims,
@@ -599,7 +693,7 @@ template <class Cfg, class Ops, class Scheduler, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap b_map, MatmulDims dims,
-                typename Epilogue::Params out) {
+                const __grid_constant__ typename Epilogue::Params out) {
 #if JAX_TILED_SM90A
   using Producer = WgmmaProducer<Cfg, Ops, Scheduler>;
   extern __shared__ uint8_t shared_raw[];
@@ -624,6 +718,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       consumer.Mainloop(stages, unit);
       Epilogue::Store(consumer, out, dims, unit, stages.Epilogue());
     }
+    Epilogue::Finish();
   }
   // No block leaves while another of its cluster may still arrive on its
   // barriers.
@@ -734,8 +829,10 @@ using WgmmaScheduler =
                        PersistentTileScheduler<Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterM,
                                                WgmmaTiles<Cfg, Ops>::kSlab>>;
 template <class Cfg, class Ops, class Out>
-using WgmmaEpilogue = std::conditional_t<Cfg::kSplitK, ClusterReduceEpilogue<Cfg, Ops, Out>,
-                                         WgmmaRegisterEpilogue<Cfg, Ops, Out>>;
+using WgmmaEpilogue =
+    std::conditional_t<Cfg::kSplitK, ClusterReduceEpilogue<Cfg, Ops, Out>,
+                       std::conditional_t<Ops::kTransposedOut, WgmmaRegisterEpilogue<Cfg, Ops, Out>,
+                                          WgmmaTmaStoreEpilogue<Cfg, Ops, Out>>>;
 
 // A kernel's shared memory: its stages and barriers, then its epilogue's.
 template <class Cfg, class Ops, class Out>
@@ -763,6 +860,7 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchCon
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
   constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out>;
+  static_assert(kShared <= 227 * 1024, "past a Hopper block's shared memory");
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
