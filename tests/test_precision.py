@@ -341,6 +341,31 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
         close(jax.vmap(mm, in_axes=axes)(a, b), full(a), full(b))
 
 
+def test_which_products_copy_b_k_major_first(monkeypatch):
+    """The lowering's rule, without a GPU: only auto's float32 tensor-core
+    products (DEFAULT, HIGH) with both operands MN-major, on CUDA, on a Hopper
+    GPU."""
+    from jax_tiled._lowering import copies_b_k_major
+
+    D, H = lax.Precision.DEFAULT, lax.Precision.HIGH
+    monkeypatch.setattr(_ffi, "cuda_compute_capability", lambda: _ffi.HOPPER)
+    assert copies_b_k_major("cuda", "auto", F32, D, True, False)
+    assert copies_b_k_major("cuda", "auto", F32, H, True, False)
+    for case in [
+        ("cuda", "auto", F32, lax.Precision.HIGHEST, True, False),  # SIMT reads any layout
+        ("cuda", "wgmma", F32, D, True, False),  # a forced kernel: as stored
+        ("cuda", "auto", np.dtype(jnp.bfloat16), D, True, False),  # 16-bit wgmma reads MN-major B
+        ("cpu", "auto", F32, D, True, False),
+        *[
+            ("cuda", "auto", F32, D, ta, tb)
+            for ta, tb in [(False, False), (False, True), (True, True)]
+        ],
+    ]:
+        assert not copies_b_k_major(*case), case
+    monkeypatch.setattr(_ffi, "cuda_compute_capability", lambda: 80)  # mma reads every layout
+    assert not copies_b_k_major("cuda", "auto", F32, D, True, False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", TF32_PRECISIONS, ids=lambda p: p.name)
 def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision):
