@@ -159,7 +159,14 @@ def explain(
         check_kernel_runs(
             platform, kernel, run.operand_dtype, run.product_dtype, problem, run.precision
         )
-        plan = _cpu_plan(run.operand_dtype, run.product_dtype) if platform == "cpu" else ""
+        plan = ""
+        if platform == "cpu":
+            plan = _cpu_plan(run.operand_dtype, run.product_dtype)
+        elif platform == "cuda" and _ffi.cuda_module_built():
+            forced = _ffi.cuda_plan(
+                kernel, run.operand_dtype, run.product_dtype, problem, run.precision
+            )
+            plan = forced.text if forced else ""
         return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan=plan)
     if platform == "cpu":
         (only,) = _ffi.kernel_names("cpu")
@@ -170,12 +177,12 @@ def explain(
             plan=_cpu_plan(run.operand_dtype, run.product_dtype),
         )
     if platform == "cuda" and _ffi.cuda_module_built():
-        try:
-            multiprocessors = getattr(jax.devices("cuda")[0], "core_count", None) or 132
-        except RuntimeError:  # no GPU here: explain for an H100/H200-sized one
-            multiprocessors = 132
         chosen, reason, plan = _ffi.cuda_explain(
-            run.operand_dtype.name, run.product_dtype.name, problem, multiprocessors, run.precision
+            run.operand_dtype.name,
+            run.product_dtype.name,
+            problem,
+            _ffi.cuda_multiprocessors(),
+            run.precision,
         )
         return Explanation(**found, kernel=chosen, reason=reason, plan=plan)
     raise ValueError(f"{API}: no kernels for backend {platform!r} in this build")

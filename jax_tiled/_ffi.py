@@ -65,6 +65,9 @@ class KernelFacts:
     # first, and those this machine runs; JAX_TILED_CPU_BF16 names one (docs/api.md).
     bf16_paths: tuple[str, ...] = ()
     bf16_paths_here: tuple[str, ...] = ()
+    # CUDA: the kernel's rung of the ladder, its file's number
+    # (cpp/cuda/kernels/<rung>_<technique>.cu); None on CPU.
+    rung: int | None = None
 
 
 @functools.cache
@@ -109,6 +112,15 @@ PRECISION_CODES = {lax.Precision.DEFAULT: 0, lax.Precision.HIGH: 1, lax.Precisio
 ANY_PROBLEM = (1, 1, 64, 64, 64, False, False)
 
 HOPPER = 90  # compute capability (major * 10 + minor) assumed where no GPU is visible
+H100_MULTIPROCESSORS = 132  # SMs assumed where no GPU is visible (an H100's, an H200's)
+
+
+def cuda_multiprocessors() -> int:
+    """The SM count of the first CUDA device, or an H100's without one."""
+    try:
+        return getattr(jax.devices("cuda")[0], "core_count", None) or H100_MULTIPROCESSORS
+    except RuntimeError:
+        return H100_MULTIPROCESSORS
 
 
 def cuda_compute_capability() -> int:
@@ -157,3 +169,50 @@ def cuda_explain(
         dtype, out_dtype, *problem, code, multiprocessors, cuda_compute_capability()
     )
     return kernel, reason, plan
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaPlan:
+    """The launch plan a CUDA kernel runs one product with (cpp/cuda/kernel.h,
+    LaunchPlan): its words, as explain prints them, and its tiling."""
+
+    text: str
+    block_m: int  # each block's output tile (1 x 1: the naive kernel, no tiles)
+    block_n: int
+    stages: int  # slabs its pipeline keeps in shared memory (0: none)
+    cluster_m: int  # blocks of a cluster that share each B tile (TMA multicast)
+    split_k: int  # > 1: K split among a cluster's blocks
+    swap_ab: bool  # computes C^T = B^T A^T (block_m, block_n tile C^T)
+    persistent_blocks: int  # a persistent grid's blocks (0: one block per tile)
+
+
+def cuda_plan(
+    kernel: str,
+    dtype,
+    out_dtype,
+    problem=ANY_PROBLEM,
+    precision=lax.Precision.DEFAULT,
+    *,
+    multiprocessors: int | None = None,
+    shared_bytes_per_block: int = 0,
+    max_threads_per_block: int = 0,
+) -> CudaPlan | None:
+    """The plan `kernel` runs a dtype -> out_dtype product of this shape
+    (ANY_PROBLEM's fields) with at this precision, on a GPU of this many SMs
+    (default: the first CUDA device's, an H100's without one) and this compute
+    capability (cuda_compute_capability()), with these per-block limits (0:
+    an H100's, which every sm_80+ GPU has): the planner the handler calls, no
+    GPU needed. None where the kernel refuses the product."""
+    code = PRECISION_CODES[lax.Precision(precision)]
+    found = _load("CUDA").kernel_plan(
+        kernel,
+        np.dtype(dtype).name,
+        np.dtype(out_dtype).name,
+        *problem,
+        code,
+        cuda_multiprocessors() if multiprocessors is None else multiprocessors,
+        cuda_compute_capability(),
+        shared_bytes_per_block,
+        max_threads_per_block,
+    )
+    return None if found is None else CudaPlan(**found)

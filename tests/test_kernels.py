@@ -6,6 +6,7 @@ without a GPU), read field by field."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -279,6 +280,116 @@ def test_forced_tensor_core_kernel_at_highest_raises():
             jax_tiled.explain(a, a, kernel=kernel, precision="highest", backend="gpu")
 
 
+# ---- Forced kernels' plans: the naive rung, and smem's width chosen at run time ----
+
+
+def smem_plan(m, n, k=256, dtype="float32", batch=1, **gpu) -> _ffi.CudaPlan:
+    """smem's plan for a batch x (m x k) @ (k x n) product, on an H100-sized GPU
+    unless `gpu` says otherwise (multiprocessors, per-block limits)."""
+    gpu = {"multiprocessors": 132, **gpu}
+    return _ffi.cuda_plan("smem", dtype, dtype, (batch, batch, m, n, k, False, False), **gpu)
+
+
+@needs_cuda_module
+def test_smem_takes_the_widest_width_the_block_limits_admit():
+    """32 x 32 where 1024 threads and two 32 x 33 tiles fit a block (every sm_80+
+    GPU), narrower where the limits would not take them; explain says why."""
+    plan = smem_plan(4096, 4096)
+    assert (plan.block_m, plan.block_n) == (32, 32)
+    assert plan.text == (
+        "32 x 32 tiles, width chosen at run time: the widest whose block (1024 threads) and "
+        "two tiles (8448 bytes) fit this GPU's 1024 threads and 48 KB of shared memory per "
+        "block, 16384 tiles for 132 SMs"
+    )
+    # Threads: a block of 32 x 32 needs 1024.
+    assert smem_plan(4096, 4096, max_threads_per_block=1023).block_m == 16
+    assert smem_plan(4096, 4096, max_threads_per_block=255).block_m == 8
+    # Shared memory: two 32 x 33 float32 tiles are 8448 bytes, float64 ones 16896.
+    assert smem_plan(4096, 4096, shared_bytes_per_block=8448).block_m == 32
+    assert smem_plan(4096, 4096, shared_bytes_per_block=8447).block_m == 16
+    with jax.enable_x64(True):
+        assert smem_plan(4096, 4096, dtype="float64", shared_bytes_per_block=16896).block_m == 32
+        narrow = smem_plan(4096, 4096, dtype="float64", shared_bytes_per_block=16895)
+        assert narrow.block_m == 16 and "two tiles (4352 bytes)" in narrow.text, narrow
+    # bfloat16 tiles hold float32 accumulators: the same widths as float32.
+    assert smem_plan(4096, 4096, dtype="bfloat16", shared_bytes_per_block=8447).block_m == 16
+    # None fits: the narrowest, which the launcher refuses; explain says so.
+    none = smem_plan(4096, 4096, max_threads_per_block=63)
+    assert none.block_m == 8 and "no width fits this GPU's 63 threads" in none.text, none
+
+
+@needs_cuda_module
+@pytest.mark.parametrize(
+    "m,n,batch,sms,width",
+    [
+        (4096, 4096, 1, 132, 32),  # 16384 tiles of 32 x 32
+        (384, 352, 1, 132, 32),  # 12 x 11 = 132 tiles: one per SM
+        (384, 320, 1, 132, 16),  # 120 tiles of 32 x 32; 480 of 16 x 16
+        (256, 256, 1, 132, 16),  # 64 tiles of 32 x 32
+        (128, 128, 8, 132, 16),  # 8 x 16 = 128 of 32 x 32; the batch counts
+        (128, 128, 9, 132, 32),  # 144
+        (64, 64, 1, 132, 8),  # 4, 16, then the narrowest: 64
+        (64, 64, 1, 4, 32),  # 4 tiles for 4 SMs
+        (1, 1, 1, 132, 8),
+    ],
+)
+def test_smem_narrows_its_tiles_until_they_fill_the_sms(m, n, batch, sms, width):
+    plan = smem_plan(m, n, batch=batch, multiprocessors=sms)
+    assert (plan.block_m, plan.block_n) == (width, width), plan
+    tiles = lambda w: batch * -(-m // w) * -(-n // w)
+    if width == 32:
+        assert plan.text.endswith(f", {tiles(32)} tiles for {sms} SMs"), plan
+    else:
+        assert plan.text.endswith(
+            f"32 x 32, the widest whose block (1024 threads) and two tiles (8448 bytes) fit this "
+            f"GPU's 1024 threads and 48 KB of shared memory per block, makes {tiles(32)} tiles "
+            f"for {sms} SMs; {width} x {width} makes {tiles(width)}"
+        ), plan
+
+
+@needs_cuda_module
+def test_forced_kernels_plans_in_explain():
+    """explain names a forced CUDA kernel's plan as its launcher runs it: smem's
+    width chosen at run time, smem16's and the planted race's fixed tiles, the
+    naive rung's one thread per output; auto's choices are unchanged."""
+    a, b = S((4096, 4096), jnp.float32), S((4096, 4096), jnp.float32)
+    found = jax_tiled.explain(a, b, kernel="smem", precision="highest", backend="gpu")
+    assert found.plan == smem_plan(4096, 4096, multiprocessors=_ffi.cuda_multiprocessors()).text
+    assert found.plan.startswith("32 x 32 tiles, width chosen at run time: the widest whose")
+    assert str(found).endswith(f"smem: forced by kernel='smem'; runs {found.plan}")
+    found = jax_tiled.explain(a, b, kernel="smem16", precision="highest", backend="gpu")
+    assert found.plan == "16 x 16 tiles"
+    assert _ffi.cuda_plan("smem_racy_for_testing", "float32", "float32").text == "32 x 32 tiles"
+    naive = _ffi.cuda_plan("naive", "float32", "float32", (2, 1, 300, 200, 100, True, True))
+    assert (naive.block_m, naive.block_n) == (1, 1)
+    assert naive.text == (
+        "one thread per output element in 16 x 16 thread blocks, A and B read from global memory"
+    )
+    with jax.enable_x64(True):  # auto's float64 kernel keeps its fixed 16 x 16 tiles
+        found = jax_tiled.explain(
+            S((512, 512), jnp.float64), S((512, 512), jnp.float64), backend="gpu"
+        )
+    assert (found.kernel, found.plan) == ("smem16", "16 x 16 tiles")
+    # A kernel that refuses the product has no plan.
+    assert _ffi.cuda_plan("pipelined", "bfloat16", "bfloat16") is None
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_auto_never_runs_the_naive_rung(dtype):
+    """naive is listed (kernels() offers it, the suites run it) and first in the
+    ladder, but no product, dtype or precision makes auto choose it."""
+    assert [k.name for k in CUDA_TABLE][:2] == ["naive", "smem"]
+    assert CUDA_TABLE[0].rung == 0 and CUDA_TABLE[0].true_fp32
+    shapes = [(1, 1, 1), (16, 8192, 8192), (256, 256, 256), (4096, 4096, 4096), (33, 17, 65)]
+    with jax.enable_x64(True):
+        for (m, k, n), precision in itertools.product(shapes, ("default", "high", "highest")):
+            for batch in (1, 8):
+                problem = (batch, batch, m, n, k, False, False)
+                kernel, _, _ = _ffi.cuda_explain(dtype, dtype, problem, 132, precision)
+                assert kernel not in ("", "naive"), (dtype, problem, precision, kernel)
+
+
 # ---- The kernel tables, and kernels(): what is listed ----
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -314,6 +425,13 @@ def test_the_cuda_table_without_a_gpu():
     # The CPU module names the same ladder (cpp/cuda/kernel_names.h), for an
     # install without the CUDA module to say what it lacks.
     assert _ffi.cuda_ladder_names() == tuple(names)
+    # Each kernel's rung is its file's number (kernels/<rung>_<technique>.cu),
+    # rising along the ladder from the naive rung.
+    rungs = [k.rung for k in table]
+    assert rungs[0] == 0 and rungs == sorted(rungs), rungs
+    files = Path(__file__).resolve().parent.parent / "cpp" / "cuda" / "kernels"
+    if files.is_dir():  # tests run from a checkout
+        assert set(rungs) == {int(f.name.split("_")[0]) for f in files.glob("*.cu")}
     assert TENSOR_CORE_KERNELS and SIMT_KERNELS
     for kernel in table:
         assert set(kernel.inputs) | set(kernel.outputs) <= set(DTYPES), kernel

@@ -28,6 +28,7 @@ from helpers import (
     tensor_kernels_on,
     x64,
 )
+from jax_tiled import _ffi
 
 # jnp.matmul's own cases: vectors, matrices, broadcast batches.
 SHAPE_CASES = [
@@ -343,3 +344,29 @@ def test_operand_over_2_31_elements(dtype):
                 out[rows], a[rows], b, platform="cuda", precision=precision, out_dtype=np.float32
             )
             del out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype", [jnp.bfloat16, np.float32, np.float64], ids=lambda d: np.dtype(d).name
+)
+def test_the_first_rungs_sum_in_one_order(on_gpu, rng, dtype):
+    """naive, smem at each width it chooses at run time, and smem16 add each
+    output's products in one order (K ascending, a fresh partial sum every 128),
+    so their results are bitwise equal: smem's run-time width computes what the
+    compile-time one does."""
+    shapes = [(4096, 300, 64), (256, 300, 256), (64, 129, 64), (33, 517, 65)]
+    widths = set()
+    with x64():
+        for m, k, n in shapes:
+            problem = (1, 1, m, n, k, False, False)
+            widths.add(_ffi.cuda_plan("smem", dtype, dtype, problem, "highest").block_m)
+            a = random_array(rng, (m, k), dtype)
+            b = random_array(rng, (k, n), dtype)
+            naive, smem, smem16 = (
+                np.asarray(jax_tiled.matmul(a, b, precision="highest", kernel=kernel))
+                for kernel in ("naive", "smem", "smem16")
+            )
+            np.testing.assert_array_equal(smem, naive)
+            np.testing.assert_array_equal(smem16, naive)
+    assert widths == {32, 16, 8}, widths

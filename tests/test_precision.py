@@ -52,6 +52,7 @@ SHAPES = [
     (131, 299, 1000),
     (256, 128, 4096),
     (129, 257, 4096),
+    (40, 11400, 200),  # a @ b on wgmma: C^T on 128 x 64 tiles (40 of its columns)
 ]
 
 TF32_NORM_ERROR = 3e-3  # DEFAULT: the TF32 class, ~1e-3

@@ -2,8 +2,8 @@
 wgmma), on 16-bit inputs (float32 on them, as TF32, is test_precision.py's;
 their batches, test_matmul.py's), on shapes both can run: every contiguous
 axis a multiple of 8 elements (16 bytes), as the copy engine needs, with M, N
-and K off the tile sizes (mma 128 x 128 x 32 and 64 x 64; wgmma 128 x 256 or
-128 x 128, 64 deep). Shapes the copy engine cannot read run on "mma" under
+and K off the tile sizes (mma 128 x 128 x 32 and 64 x 64; wgmma 128 x 256,
+128 x 128 or 128 x 64, 64 deep). Shapes the copy engine cannot read run on "mma" under
 "auto", and forcing "wgmma" on them is refused at trace time. What the
 tensor-core kernels refuse (true fp32, float64 results) is checked here too."""
 
@@ -44,6 +44,7 @@ ALIGNED_SHAPES = [
     (120, 248, 56),
     (200, 24, 520),
     (1000, 800, 1208),
+    (11400, 40, 136),  # wgmma's 128 x 64 tiles: 40 columns, rows enough to fill the SMs
 ]
 
 
@@ -120,8 +121,13 @@ def test_auto_picks_wgmma_where_the_copy_engine_reads_and_mma_elsewhere():
     S = jax.ShapeDtypeStruct
     aligned = jax_tiled.explain(S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
     odd = jax_tiled.explain(S((33, 17), jnp.bfloat16), S((17, 65), jnp.bfloat16))
+    skinny = jax_tiled.explain(S((11400, 136), jnp.bfloat16), S((136, 40), jnp.bfloat16))
+    # TF32 computes C^T = B^T A^T for a @ b: a's 40 rows are its 40 columns.
+    skinny_tf32 = jax_tiled.explain(S((40, 200), jnp.float32), S((200, 11400), jnp.float32))
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
         assert aligned.kernel == "wgmma" and aligned.plan.startswith("128 x 256 tiles"), aligned
+        assert skinny.kernel == "wgmma" and skinny.plan.startswith("128 x 64 tiles"), skinny
+        assert skinny_tf32.plan.startswith("128 x 64 tiles") and "C^T" in skinny_tf32.plan
     assert odd.kernel == "mma" and "a's rows are 17 elements" in odd.reason, odd
 
 

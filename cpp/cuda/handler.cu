@@ -64,6 +64,11 @@ DeviceFacts CurrentDevice() {
       e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (e == cudaSuccess)
       e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&f->shared_bytes_per_block, cudaDevAttrMaxSharedMemoryPerBlock,
+                                 device);
+    if (e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&f->max_threads_per_block, cudaDevAttrMaxThreadsPerBlock, device);
     f->compute_capability = 10 * major + minor;
     return e;
   });
@@ -85,6 +90,17 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
   return Product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
                                                   s.transpose_a, s.transpose_b)),
                  *in_type, *out_type, *mode};
+}
+
+// The GPU the Python side plans for; its per-block limits default to
+// DeviceFacts' where it gives none (0).
+DeviceFacts FactsOf(const GpuFacts& gpu) {
+  DeviceFacts facts;
+  facts.multiprocessors = gpu.multiprocessors;
+  facts.compute_capability = gpu.compute_capability;
+  if (gpu.shared_bytes_per_block) facts.shared_bytes_per_block = gpu.shared_bytes_per_block;
+  if (gpu.max_threads_per_block) facts.max_threads_per_block = gpu.max_threads_per_block;
+  return facts;
 }
 
 // XLA's scratch allocator as the kernels see it (kernel.h): memory that
@@ -143,15 +159,14 @@ std::vector<KernelFacts> KernelTable() {
   std::vector<KernelFacts> table;
   for (const KernelDescriptor* k : Ladder()) {
     const Takes& t = k->takes;
-    table.push_back({k->name, k->listed, t.tensor_cores, t.true_fp32, t.min_capability,
+    table.push_back({k->name, RungOf(*k), k->listed, t.tensor_cores, t.true_fp32, t.min_capability,
                      t.hopper_only, DtypeNames(t.inputs), DtypeNames(t.outputs)});
   }
   return table;
 }
 
 AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
-                       const ProblemShape& shape, int precision, int multiprocessors,
-                       int compute_capability) {
+                       const ProblemShape& shape, int precision, const GpuFacts& gpu) {
   const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
   if (!product)
     return {"",
@@ -159,8 +174,18 @@ AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
                 " or precision code " + std::to_string(precision),
             ""};
   std::string why;
-  const KernelChoice choice = ChooseAuto(*product, {multiprocessors, compute_capability}, &why);
+  const KernelChoice choice = ChooseAuto(*product, FactsOf(gpu), &why);
   return {choice.kernel->name, why, choice.plan.Describe()};
+}
+
+PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
+                     const ProblemShape& shape, int precision, const GpuFacts& gpu) {
+  const KernelDescriptor* const k = FindKernel(kernel);
+  const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
+  if (!k || !product || Refusal(*k, *product, gpu.compute_capability)) return {};
+  const LaunchPlan plan = k->plan(*product, FactsOf(gpu));
+  return {plan.Describe(), plan.block_m, plan.block_n, plan.stages,
+          plan.cluster_m,  plan.split_k, plan.swap_ab, plan.persistent_blocks};
 }
 
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

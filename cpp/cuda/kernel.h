@@ -1,12 +1,12 @@
 // What a kernel of the ladder tells the rest of the package about itself.
 //
 // Each kernel file (kernels/<n>_<technique>.cu) defines the KernelDescriptors
-// of its kernel (1_smem_tiled.cu defines three: two tile sizes and the planted
-// race); kernel_table.cu lists them in ladder order. Names, the facts the
-// Python side reads (kernel_table()), jax_tiled.kernels(), refusals,
-// kernel="auto" and explain are all derived from that table, and what explain
-// prints is the LaunchPlan the launcher runs. NOTES.md, "Adding a kernel", has
-// the recipe.
+// of its kernel (1_smem_tiled.cu defines three: a width chosen at run time, a
+// fixed 16 x 16, and the planted race); kernel_table.cu lists them in ladder
+// order. Names, the facts the Python side reads (kernel_table()),
+// jax_tiled.kernels(), refusals, kernel="auto" and explain are all derived
+// from that table, and what explain prints is the LaunchPlan the launcher
+// runs. NOTES.md, "Adding a kernel", has the recipe.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,10 +42,15 @@ constexpr const char* DtypeName(Dtype t) {
   return "an unknown dtype";
 }
 
-// What the planners and refusals need to know of the GPU.
+// What the planners and refusals need to know of the GPU. The defaults are an
+// H100's, taken where the driver cannot say and where explain plans without a
+// GPU; the per-block limits are every sm_80+ GPU's (48 KB of shared memory
+// without an opt-in, 1024 threads).
 struct DeviceFacts {
   int multiprocessors = 132;
-  int compute_capability = 90;  // major * 10 + minor
+  int compute_capability = 90;         // major * 10 + minor
+  int shared_bytes_per_block = 49152;  // cudaDevAttrMaxSharedMemoryPerBlock
+  int max_threads_per_block = 1024;
 };
 
 // One product as a kernel is asked to run it. The operand pointers are null
@@ -60,6 +65,19 @@ struct Product {
 
   // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.
   bool SplitsTf32() const { return in_type == Dtype::kF32 && precision == Precision::kHigh; }
+};
+
+// How a planner chose its tile's width at run time from the device (kernel 1's
+// "smem"), for Describe and for the launcher's check of the width against the
+// limits it was chosen under. All zero where the width is the configuration's.
+struct RuntimeWidth {
+  int shared_bytes_per_block = 0, max_threads_per_block = 0;  // the limits (DeviceFacts)
+  int widest = 0;             // the widest width those limits admit; 0: none does
+  int widest_tile_bytes = 0;  // the shared memory of its tiles
+  int multiprocessors = 0;
+  int64_t widest_tiles = 0, tiles = 0;  // output tiles at the widest and at the chosen width
+
+  constexpr bool Chosen() const { return shared_bytes_per_block > 0; }
 };
 
 // What a planner chose and its launcher runs: the block's output tile, the
@@ -77,6 +95,15 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
+  // The epilogue writes C straight from registers, not staged in shared
+  // memory for the copy engine (wgmma's TF32 over long K: NOTES.md).
+  bool stores_from_registers = false;
+  // Set where the width was chosen at run time (kernel 1's "smem").
+  RuntimeWidth runtime_width{};
+  // Describe's words in place of "block_m x block_n tiles", for a kernel whose
+  // tiles say too little (kernel 0: 1 x 1, no shared tiles). Static text: the
+  // launch path builds no strings.
+  const char* instead_of_tiles = nullptr;
 
   // Whether a configuration with plan `cfg` runs this plan (a split-K
   // configuration runs any split count).
@@ -288,6 +315,10 @@ struct KernelDescriptor {
 
 // Every kernel of the table (kernel_table.cu), in ladder order.
 const std::vector<const KernelDescriptor*>& Ladder();
+
+// The kernel's rung of the ladder: the number of its file,
+// kernels/<rung>_<technique>.cu.
+int RungOf(const KernelDescriptor& kernel);
 
 // Comma-separated, in ladder order: the listed kernels, for error messages.
 std::string KernelNames();

@@ -7,6 +7,7 @@
 
 namespace jax_tiled::cuda::names {
 
+inline constexpr char kNaive[] = "naive";
 inline constexpr char kSmem[] = "smem";
 inline constexpr char kSmem16[] = "smem16";
 inline constexpr char kSmemRacy[] = "smem_racy_for_testing";
@@ -18,7 +19,7 @@ inline constexpr char kWgmma[] = "wgmma";
 
 // Every kernel of the ladder, listed or not, in kernel_table.cu's order (which
 // checks the count at compile time; tests/test_kernels.py the names).
-inline constexpr const char* kLadder[] = {kSmem,     kSmem16,    kSmemRacy, kRegblock,
-                                          kWarptile, kPipelined, kMma,      kWgmma};
+inline constexpr const char* kLadder[] = {kNaive,    kSmem,      kSmem16, kSmemRacy, kRegblock,
+                                          kWarptile, kPipelined, kMma,    kWgmma};
 
 }  // namespace jax_tiled::cuda::names

@@ -12,16 +12,24 @@
 namespace jax_tiled::cuda {
 
 // Defined in kernels/<n>_<technique>.cu.
-extern const KernelDescriptor kSmemTiled, kSmemTiled16, kSmemTiledRacy, kRegisterBlocked,
-    kSimtWarpTiled, kSimtCpAsyncPipelined, kMmaSyncPipelined, kWgmmaTmaWarpSpecialized;
+extern const KernelDescriptor kNaiveGlobal, kSmemTiled, kSmemTiled16, kSmemTiledRacy,
+    kRegisterBlocked, kSimtWarpTiled, kSimtCpAsyncPipelined, kMmaSyncPipelined,
+    kWgmmaTmaWarpSpecialized;
 
 namespace {
-const KernelDescriptor* const kLadder[] = {
-    &kSmemTiled,     &kSmemTiled16,          &kSmemTiledRacy,    &kRegisterBlocked,
-    &kSimtWarpTiled, &kSimtCpAsyncPipelined, &kMmaSyncPipelined, &kWgmmaTmaWarpSpecialized,
+// Each kernel with its rung: the number of its file, kernels/<rung>_<technique>.cu
+// (kernel 1's descriptors share theirs).
+struct Rung {
+  int number;
+  const KernelDescriptor* kernel;
+};
+const Rung kRungs[] = {
+    {0, &kNaiveGlobal},          {1, &kSmemTiled},        {1, &kSmemTiled16},
+    {1, &kSmemTiledRacy},        {2, &kRegisterBlocked},  {3, &kSimtWarpTiled},
+    {4, &kSimtCpAsyncPipelined}, {5, &kMmaSyncPipelined}, {6, &kWgmmaTmaWarpSpecialized},
 };
 // The CPU module names these kernels from kernel_names.h's list.
-static_assert(std::size(kLadder) == std::size(names::kLadder),
+static_assert(std::size(kRungs) == std::size(names::kLadder),
               "kernel_names.h's kLadder lists every kernel of the ladder");
 
 // "x, y or z".
@@ -49,7 +57,7 @@ std::string Quoted(const KernelDescriptor& kernel) {
 // 'smem', 'regblock' or 'warptile': the listed kernels that give true fp32.
 std::string TrueFp32Kernels() {
   std::vector<std::string> names;
-  for (const KernelDescriptor* k : kLadder)
+  for (const KernelDescriptor* k : Ladder())
     if (k->listed && k->takes.true_fp32) names.push_back(std::string("'") + k->name + "'");
   return JoinedWithOr(names);
 }
@@ -57,22 +65,59 @@ std::string TrueFp32Kernels() {
 std::string Capability(int compute_capability) {
   return std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
 }
+
+// "32 x 16".
+std::string Square(int rows, int cols) {
+  return std::to_string(rows) + " x " + std::to_string(cols);
+}
+
+// "48 KB", or "8448 bytes" where that would round.
+std::string Bytes(int bytes) {
+  return bytes % 1024 ? std::to_string(bytes) + " bytes" : std::to_string(bytes / 1024) + " KB";
+}
+
+// Why a width chosen at run time (LaunchPlan::runtime_width) is `width`.
+std::string WhyThisWidth(int width, const RuntimeWidth& w) {
+  const std::string limits = "this GPU's " + std::to_string(w.max_threads_per_block) +
+                             " threads and " + Bytes(w.shared_bytes_per_block) +
+                             " of shared memory per block";
+  if (!w.widest) return "width chosen at run time, but no width fits " + limits;
+  const std::string widest = "the widest whose block (" + std::to_string(w.widest * w.widest) +
+                             " threads) and two tiles (" + Bytes(w.widest_tile_bytes) + ") fit " +
+                             limits;
+  const std::string sms = " for " + std::to_string(w.multiprocessors) + " SMs";
+  if (width == w.widest)
+    return "width chosen at run time: " + widest + ", " + std::to_string(w.tiles) + " tiles" + sms;
+  return "width chosen at run time: " + Square(w.widest, w.widest) + ", " + widest + ", makes " +
+         std::to_string(w.widest_tiles) + " tiles" + sms + "; " + Square(width, width) + " makes " +
+         std::to_string(w.tiles);
+}
 }  // namespace
 
 const std::vector<const KernelDescriptor*>& Ladder() {
-  static const std::vector<const KernelDescriptor*> ladder(std::begin(kLadder), std::end(kLadder));
+  static const std::vector<const KernelDescriptor*> ladder = [] {
+    std::vector<const KernelDescriptor*> kernels;
+    for (const Rung& rung : kRungs) kernels.push_back(rung.kernel);
+    return kernels;
+  }();
   return ladder;
 }
 
+int RungOf(const KernelDescriptor& kernel) {
+  for (const Rung& rung : kRungs)
+    if (rung.kernel == &kernel) return rung.number;
+  return -1;
+}
+
 const KernelDescriptor* FindKernel(std::string_view name) {
-  for (const KernelDescriptor* k : kLadder)
+  for (const KernelDescriptor* k : Ladder())
     if (name == k->name) return k;
   return nullptr;
 }
 
 std::string KernelNames() {
   std::string names;
-  for (const KernelDescriptor* k : kLadder)
+  for (const KernelDescriptor* k : Ladder())
     if (k->listed) names += (names.empty() ? "" : ",") + std::string(k->name);
   return names;
 }
@@ -101,7 +146,9 @@ std::optional<std::string> Refusal(const KernelDescriptor& kernel, const Product
 }
 
 std::string LaunchPlan::Describe() const {
-  std::string text = std::to_string(block_m) + " x " + std::to_string(block_n) + " tiles";
+  std::string text =
+      instead_of_tiles ? std::string(instead_of_tiles) : Square(block_m, block_n) + " tiles";
+  if (runtime_width.Chosen()) text += ", " + WhyThisWidth(block_m, runtime_width);
   if (stages) text += ", " + std::to_string(stages) + " stages";
   if (cluster_m > 1) text += ", clusters of " + std::to_string(cluster_m) + " blocks sharing B";
   if (split_k > 1)
@@ -109,6 +156,7 @@ std::string LaunchPlan::Describe() const {
             std::to_string(split_k) + " blocks (partial sums added in rank order)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
+  if (stores_from_registers) text += ", C stored from registers";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

@@ -15,6 +15,7 @@ namespace jax_tiled::cuda {
 // descriptor these come from).
 struct KernelFacts {
   std::string name;
+  int rung;            // its file's number, kernels/<rung>_<technique>.cu
   bool listed;         // offered by jax_tiled.kernels(); false: for the test suite only
   bool tensor_cores;   // computes on the tensor cores
   bool true_fp32;      // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
@@ -34,17 +35,37 @@ struct ProblemShape {
   bool transpose_a, transpose_b;
 };
 
+// The GPU a problem is planned for, as the Python side knows it: its SMs and
+// compute capability (major * 10 + minor), and per-block limits, where 0
+// takes kernel.h's DeviceFacts default (an H100's, every sm_80+ GPU's).
+struct GpuFacts {
+  int multiprocessors, compute_capability;
+  int shared_bytes_per_block = 0, max_threads_per_block = 0;
+};
+
 // What kernel="auto" runs, for explain: the kernel's name, why, and the plan
 // its launcher runs ("128 x 256 tiles, 4 stages").
 struct AutoChoice { std::string kernel, reason, plan; };
 
 // AutoChoice for this problem from `dtype` inputs to an `out_dtype` result
-// (numpy's names) at `precision` (the FFI attribute's code) on a GPU with
-// that many SMs and compute capability (major * 10 + minor). Dtypes or a
-// precision it does not know leave `kernel` empty and say so in `reason`.
+// (numpy's names) at `precision` (the FFI attribute's code) on that GPU.
+// Dtypes or a precision it does not know leave `kernel` empty and say so in
+// `reason`.
 AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
-                       const ProblemShape& shape, int precision, int multiprocessors,
-                       int compute_capability);
+                       const ProblemShape& shape, int precision, const GpuFacts& gpu);
+
+// A kernel's plan for a problem (kernel.h, LaunchPlan), as its launcher would
+// run it on that GPU: Describe's words, for explain, and the tiling, for the
+// benchmark's ladder report. `text` is empty where the kernel is unknown or
+// refuses the problem.
+struct PlanFacts {
+  std::string text;
+  int block_m = 0, block_n = 0, stages = 0, cluster_m = 1, split_k = 1;
+  bool swap_ab = false;
+  int persistent_blocks = 0;
+};
+PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
+                     const ProblemShape& shape, int precision, const GpuFacts& gpu);
 
 // Why `kernel` cannot run this problem, or "" if it can (kernel.h, Refusal).
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

@@ -25,6 +25,7 @@ Usage:
     python -m jax_tiled.bench --train-step --model attention          # a transformer block
     python -m jax_tiled.bench --chain              # small products in lax.scan and unrolled
     python -m jax_tiled.bench --accuracy           # error and bias, ours and jnp's, vs float64
+    python -m jax_tiled.bench --ladder --plot ladder.png --ladder-md ladder.md   # the ladder, GPU
 
 Shape names are M x K x N: "4096^3", "1000x800x1200", "b32x512x64x512" (batch
 32), "b8x2048^3"; a suffix "-tA" / "-tB" stores a (or b) transposed and passes
@@ -41,6 +42,7 @@ The package, by concern:
     train_step  the training step (--train-step): an MLP or a transformer block
     chains      chains of small products, scanned and unrolled (--chain)
     accuracy    error and bias against a float64 product, ours and the peer's (--accuracy)
+    ladder      every rung of the CUDA ladder on one shape, its bytes per output (--ladder)
     progress    the progress bar
     report      tables, geometric means, device facts, JSON
     plot        the PNG bar chart (--plot)

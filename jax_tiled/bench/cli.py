@@ -8,7 +8,7 @@ import sys
 import jax
 
 import jax_tiled.bench as package
-from jax_tiled.bench import pallas
+from jax_tiled.bench import ladder, pallas
 from jax_tiled.bench.accuracy import (
     ACCURACY_SHAPES,
     DEFINITIONS,
@@ -24,7 +24,7 @@ from jax_tiled.bench.chains import (
     run_chains,
 )
 from jax_tiled.bench.harness import AGREEMENT_TEXT, DTYPES, PRECISIONS, TRUTH_TEXT
-from jax_tiled.bench.plot import pyplot, write_plot
+from jax_tiled.bench.plot import pyplot, write_ladder_plot, write_plot
 from jax_tiled.bench.products import peers_of, run_all
 from jax_tiled.bench.report import (
     device_info,
@@ -32,6 +32,7 @@ from jax_tiled.bench.report import (
     format_accuracy_table,
     format_chain_table,
     format_geomeans,
+    format_ladder_markdown,
     format_step_table,
     format_table,
     geomeans,
@@ -201,6 +202,29 @@ def parse_args(argv):
         " (the last for 16-bit into float32 only); on CPU or with --cpu-suite "
         f"{', '.join(ACCURACY_SHAPES['cpu'] + WIDE_OUTPUT_SHAPES['cpu'])}",
     )
+    p.add_argument(
+        "--ladder",
+        action="store_true",
+        help="the ladder report (a CUDA GPU only): every rung of the kernel ladder in "
+        "order, from the naive kernel to the Hopper one, and jnp.matmul, on one shape "
+        f"(--shapes, default {ladder.DEFAULT_SHAPE}) per dtype (default "
+        f"{', '.join(ladder.DEFAULT_DTYPES)}); float32 at HIGHEST on the SIMT rungs and "
+        "DEFAULT (TF32) on the tensor-core rungs unless --precision names one; "
+        "TFLOP/s, the speedup over the rung before and over the naive one, the "
+        "ratio to jnp.matmul, and global bytes read per output by the tiling, as "
+        "a markdown table (--ladder-md), --json and --plot",
+    )
+    p.add_argument(
+        "--ladder-md",
+        metavar="PATH",
+        help="--ladder: write the markdown table to PATH too",
+    )
+    p.add_argument(
+        "--ncu",
+        action="store_true",
+        help="--ladder: also measure each rung's L2 and DRAM bytes read per output "
+        "with Nsight Compute (ncu on PATH; one product per rung in a subprocess)",
+    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     modes = [
@@ -209,6 +233,7 @@ def parse_args(argv):
             ("--train-step", args.train_step),
             ("--chain", args.chain),
             ("--accuracy", args.accuracy),
+            ("--ladder", args.ladder),
         )
         if on
     ]
@@ -226,6 +251,10 @@ def parse_args(argv):
         p.error(f"--pallas and --no-pallas go with the product suite, not {mode}")
     if mode == "--accuracy" and (args.quick or args.plot or args.list_shapes):
         p.error("--accuracy times nothing: --quick, --plot and --list-shapes do not apply")
+    if mode == "--ladder" and (args.quick or args.cpu_suite or args.list_shapes):
+        p.error("--ladder times one shape: --quick, --cpu-suite and --list-shapes do not apply")
+    if mode != "--ladder" and (args.ladder_md or args.ncu):
+        p.error("--ladder-md and --ncu go with --ladder")
     if not args.train_step and (args.width or args.tokens or args.model or args.sequences):
         p.error("--model, --width, --tokens and --sequences go with --train-step")
     args.model = args.model or "mlp"
@@ -245,6 +274,7 @@ def parse_args(argv):
         "--train-step": ["bfloat16"],
         "--chain": list(CHAIN_DTYPES),
         "--accuracy": ["float32", "bfloat16", "float16"],
+        "--ladder": list(ladder.DEFAULT_DTYPES),
     }.get(mode, ["float32"])
     args.dtype = _split(args.dtype) or default_dtypes
     args.precision = _split(args.precision)
@@ -265,6 +295,15 @@ def parse_args(argv):
         args.shapes = [parse_shape(s) for s in args.shapes] if args.shapes else None
     except ValueError as exc:
         p.error(str(exc))
+    if mode == "--ladder" and len(args.shapes or []) > 1:
+        p.error(
+            f"--ladder times one shape, got {len(args.shapes)}: "
+            f"{', '.join(s.name for s in args.shapes)}"
+        )
+    if mode == "--ladder":
+        if len(args.precision or []) > 1:
+            p.error(f"--ladder runs every rung at one precision, got {args.precision}")
+        args.precision = args.precision[0] if args.precision else None
     return p, args
 
 
@@ -312,6 +351,8 @@ def main(argv=None) -> int:
         return chain_main(parser, args, on_cpu, budget, info)
     if args.accuracy:
         return accuracy_main(parser, args, on_cpu, info)
+    if args.ladder:
+        return ladder_main(parser, args, on_cpu, budget, info)
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     args.shapes = args.shapes or default_shapes(args, on_cpu)
     args.pallas_unavailable = pallas.unavailable()
@@ -472,3 +513,61 @@ def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
     print(LEGEND)
     print(format_accuracy_table(rows))
     return status if any(row.error is None for row in rows) else 1
+
+
+def ladder_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
+    """--ladder: exit status 1 when no rung was timed or a rung failed (a refusal
+    is a row, not a failure)."""
+    from jax_tiled import _ffi
+
+    if on_cpu:
+        parser.error(
+            "--ladder reports the CUDA kernel ladder and needs a GPU: jax's default "
+            "backend is cpu (run it where jax sees a CUDA device)"
+        )
+    if not _ffi.cuda_module_built():
+        parser.error("--ladder: this build has no CUDA module (built without nvcc)")
+    rungs = ladder.ladder_rungs(parser, args.kernels)
+    args.shapes = args.shapes or [parse_shape(ladder.DEFAULT_SHAPE)]
+    print(
+        f"bench: {device_label(info)}; jax {info['jax_version']}; the ladder "
+        f"{[k.name for k in rungs]} on {args.shapes[0].name} x {args.dtype}; "
+        f"median of {args.repeats}",
+        file=sys.stderr,
+    )
+    rows = ladder.run_ladder(args, rungs, budget)
+    if args.ncu:
+        ncu_note = ladder.measure_bytes(rows, args.shapes[0], not args.no_progress)
+    else:
+        ncu_note = "Measured bytes: not measured (--ncu measures them with Nsight Compute)"
+    text = format_ladder_markdown(
+        rows, info, args, [ladder.PRECISION_TEXT, ladder.BYTES_TEXT, ncu_note]
+    )
+    print(heading(info))
+    print(text)
+    if args.ladder_md:
+        with open(args.ladder_md, "w") as f:
+            f.write(text)
+        print(f"wrote {args.ladder_md}", file=sys.stderr)
+    if args.json:
+        write_json(
+            args.json,
+            info,
+            args,
+            rows,
+            ladder={
+                "shape": args.shapes[0].name,
+                "precision": ladder.PRECISION_TEXT,
+                "bytes_per_output": ladder.BYTES_TEXT,
+                "ncu": ncu_note,
+            },
+        )
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        write_ladder_plot(args.plot, info, rows)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    failed = [row for row in rows if row.error]
+    for row in failed:
+        print(f"bench: {row.kernel} ({row.dtype}) FAILED: {row.error}", file=sys.stderr)
+    timed = [row for row in rows if not row.is_peer and row.tflops]
+    return 1 if failed or not timed else 0

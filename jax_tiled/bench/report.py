@@ -1,7 +1,7 @@
 """What the benchmark prints and writes: tables, geometric means, device facts, JSON.
 
 It reads the row types of the modules that measure (products, train_step,
-chains, accuracy) for annotations only; they import nothing of it."""
+chains, accuracy, ladder) for annotations only; they import nothing of it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from jax_tiled.bench.harness import PEER_PRECISION
 if TYPE_CHECKING:
     from jax_tiled.bench.accuracy import AccuracyRow
     from jax_tiled.bench.chains import ChainRow
+    from jax_tiled.bench.ladder import LadderRow
     from jax_tiled.bench.products import Row
     from jax_tiled.bench.train_step import StepRow
 
@@ -293,6 +294,84 @@ def format_geomeans(summary: list[dict]) -> str:
             )
         )
     return "\n".join(out)
+
+
+def _ladder_cell(value, spec: str, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _ladder_bytes(value) -> str:
+    """Whole bytes where they are whole ("2,048"), else one decimal."""
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if value == round(value) or value >= 100 else f"{value:,.1f}"
+
+
+# The ladder report's table (format_ladder_markdown).
+LADDER_COLUMNS = (
+    "rung",
+    "kernel",
+    "precision",
+    "TFLOP/s",
+    "× previous",
+    "× naive",
+    "× jnp.matmul",
+    "bytes/output (tiling)",
+    "L2 bytes/output (ncu)",
+    "DRAM bytes/output (ncu)",
+)
+
+
+def _markdown_row(row: LadderRow) -> str:
+    if row.skipped or row.error:
+        numbers = ["skipped" if row.skipped else "failed"] + ["—"] * 6
+    else:
+        numbers = [
+            _ladder_cell(row.tflops, ".3g"),
+            _ladder_cell(row.step, ".3g", "×"),
+            _ladder_cell(row.vs_naive, ".3g", "×"),
+            "peer" if row.is_peer else _ladder_cell(row.ratio, ".3g", "×"),
+            _ladder_bytes(row.bytes_per_output),
+            _ladder_bytes(row.l2_bytes_per_output),
+            _ladder_bytes(row.dram_bytes_per_output),
+        ]
+    rung = "peer" if row.rung is None else str(row.rung)
+    cells = [rung, f"`{row.kernel}`", row.precision, *numbers]
+    return "| " + " | ".join(cells) + " |"
+
+
+def format_ladder_markdown(rows: list[LadderRow], info: dict, args, notes: list[str]) -> str:
+    """The ladder report (--ladder) as markdown: what ran and `notes` (what the
+    columns mean), then one table per dtype, each followed by the rows it could
+    not time or measure and why."""
+    (shape,) = args.shapes
+    out = [
+        f"{device_label(info)}, jax {info['jax_version']}, {info['date'][:10]}; "
+        f"{shape.name} (M x K x N = {shape.m} x {shape.k} x {shape.n}"
+        f"{f', batch {shape.batch}' if shape.batch > 1 else ''}), median of "
+        f"{args.repeats}; `python -m jax_tiled.bench {' '.join(args.argv)}`",
+        "",
+        " ".join(f"{note}." for note in notes),
+    ]
+    align = "|" + "|".join("---" if i in (1, 2) else "---:" for i in range(len(LADDER_COLUMNS)))
+    for dtype in dict.fromkeys(row.dtype for row in rows):
+        section = [row for row in rows if row.dtype == dtype]
+        out += ["", f"**{dtype}**", "", "| " + " | ".join(LADDER_COLUMNS) + " |", align + "|"]
+        out += [_markdown_row(row) for row in section]
+        said = [
+            f"- `{row.kernel}` ({row.precision}): "
+            + (f"skipped: {row.skipped}" if row.skipped else f"failed: {row.error}")
+            for row in section
+            if row.skipped or row.error
+        ]
+        said += [
+            f"- `{row.kernel}`: ncu: {row.ncu_error}"
+            for row in section
+            if row.ncu_error and not row.skipped
+        ]
+        if said:
+            out += ["", *said]
+    return "\n".join(out) + "\n"
 
 
 def device_info() -> dict:

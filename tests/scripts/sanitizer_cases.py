@@ -29,7 +29,18 @@ from jax_tiled import _ffi
 # (72, 600, 136): K past two blocked-sum partials of 256 and into a third; on
 # the Hopper kernel, K split across clusters of 4 blocks (C written transposed
 # for TF32).
-SHAPES = [(33, 17, 65), (1, 47, 9), (70, 3, 33), (72, 136, 264), (8, 72, 40), (72, 600, 136)]
+# (11400, 72, 40) and (40, 72, 11400): the Hopper kernel's 128 x 64 tiles (for TF32's
+# a @ b the second, as C^T), enough of them to fill the SMs.
+SHAPES = [
+    (33, 17, 65),
+    (1, 47, 9),
+    (70, 3, 33),
+    (72, 136, 264),
+    (8, 72, 40),
+    (72, 600, 136),
+    (11400, 72, 40),
+    (40, 72, 11400),
+]
 LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132 SMs twice
 # 9 x 17 tiles of 128 x 256: more than one tile per SM for the persistent wgmma grid.
 LARGE_SIXTEEN_BIT_SHAPE = (1032, 72, 4104)

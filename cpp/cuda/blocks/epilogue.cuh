@@ -55,10 +55,9 @@ __device__ __forceinline__ void StoreEight(Out* at, const float (&v)[8]) {
     reinterpret_cast<float4*>(at)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(at)[1] = make_float4(v[4], v[5], v[6], v[7]);
   } else {
-    alignas(16) Out packed[8];
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) StorePair(packed + i, v[i], v[i + 1]);
-    *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(packed);
+    *reinterpret_cast<uint4*>(at) =
+        make_uint4(PackPair<Out>(v[0], v[1]), PackPair<Out>(v[2], v[3]), PackPair<Out>(v[4], v[5]),
+                   PackPair<Out>(v[6], v[7]));
   }
 }
 

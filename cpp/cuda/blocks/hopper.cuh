@@ -421,9 +421,12 @@ __device__ __forceinline__ void GrowRegisters() {
 }
 
 // The accumulator operands of an m64nN wgmma: %0..%(N/2 - 1).
-#define JAX_TILED_ACC_OPERANDS_64                                                    \
+#define JAX_TILED_ACC_OPERANDS_32                                                    \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define JAX_TILED_ACC_OPERANDS_64                                                    \
+  JAX_TILED_ACC_OPERANDS_32                                                          \
+  ", %32, %33, "                                                                     \
   "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define JAX_TILED_ACC_OPERANDS_128                                                   \
@@ -438,6 +441,11 @@ __device__ __forceinline__ void GrowRegisters() {
 // d[kN / 2] (+)= A(64 x 16) * B(16 x kN): the accumulator registers
 // %0..%(kN/2 - 1), then the two descriptors, the accumulate flag (0 on a
 // tile's first step: d = A * B) and the two transpose immediates.
+#define JAX_TILED_WGMMA_N64(type)                                                            \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"                             \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_32 \
+  "}, %32, %33, accumulate, 1, 1, %35, %36;\n}\n"
+
 #define JAX_TILED_WGMMA_N128(type)                                                            \
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                              \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_64 \
@@ -450,6 +458,11 @@ __device__ __forceinline__ void GrowRegisters() {
 
 // TF32, A from registers: the accumulators, then a0..a3, B's descriptor and
 // the accumulate flag; TF32 has no transpose immediates (B is K-major).
+#define JAX_TILED_WGMMA_TF32_N64                                                    \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %37, 0;\n"                    \
+  "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_32 \
+  "}, {%32, %33, %34, %35}, %36, accumulate, 1, 1;\n}\n"
+
 #define JAX_TILED_WGMMA_TF32_N128                                                    \
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %69, 0;\n"                     \
   "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_64 \
@@ -463,10 +476,10 @@ __device__ __forceinline__ void GrowRegisters() {
 #define JAX_TILED_ACC8(d, i)                                                                  \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define JAX_TILED_ACC64(d, i)                                                          \
-  JAX_TILED_ACC8(d, i), JAX_TILED_ACC8(d, i + 8), JAX_TILED_ACC8(d, i + 16),           \
-      JAX_TILED_ACC8(d, i + 24), JAX_TILED_ACC8(d, i + 32), JAX_TILED_ACC8(d, i + 40), \
-      JAX_TILED_ACC8(d, i + 48), JAX_TILED_ACC8(d, i + 56)
+#define JAX_TILED_ACC32(d, i)                                                \
+  JAX_TILED_ACC8(d, i), JAX_TILED_ACC8(d, i + 8), JAX_TILED_ACC8(d, i + 16), \
+      JAX_TILED_ACC8(d, i + 24)
+#define JAX_TILED_ACC64(d, i) JAX_TILED_ACC32(d, i), JAX_TILED_ACC32(d, i + 32)
 
 // One wgmma: d (+)= A * B for a 64 x 16 slice of A and 16 x kN of B, both
 // read from shared memory through their descriptors. kTransA / kTransB: the
@@ -487,10 +500,18 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
     asm volatile(JAX_TILED_WGMMA_N128("bf16")
                  : JAX_TILED_ACC64(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
-  } else {
-    static_assert(kN == 128, "wgmma tiles here are 128 or 256 wide");
+  } else if constexpr (kN == 128) {
     asm volatile(JAX_TILED_WGMMA_N128("f16")
                  : JAX_TILED_ACC64(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else if constexpr (kN == 64 && kBf16) {
+    asm volatile(JAX_TILED_WGMMA_N64("bf16")
+                 : JAX_TILED_ACC32(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else {
+    static_assert(kN == 64, "wgmma tiles here are 64, 128 or 256 wide");
+    asm volatile(JAX_TILED_WGMMA_N64("f16")
+                 : JAX_TILED_ACC32(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
   }
 #endif
@@ -509,10 +530,14 @@ __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], const uint32_t (&a
     asm volatile(JAX_TILED_WGMMA_TF32_N256
                  : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-  } else {
-    static_assert(kN == 128, "wgmma tiles here are 128 or 256 wide");
+  } else if constexpr (kN == 128) {
     asm volatile(JAX_TILED_WGMMA_TF32_N128
                  : JAX_TILED_ACC64(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  } else {
+    static_assert(kN == 64, "wgmma tiles here are 64, 128 or 256 wide");
+    asm volatile(JAX_TILED_WGMMA_TF32_N64
+                 : JAX_TILED_ACC32(d, 0)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
   }
 #endif
@@ -528,11 +553,15 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
 
 #undef JAX_TILED_WGMMA_TF32_N256
 #undef JAX_TILED_WGMMA_TF32_N128
+#undef JAX_TILED_WGMMA_TF32_N64
 #undef JAX_TILED_ACC64
+#undef JAX_TILED_ACC32
 #undef JAX_TILED_ACC8
 #undef JAX_TILED_WGMMA_N256
 #undef JAX_TILED_WGMMA_N128
+#undef JAX_TILED_WGMMA_N64
 #undef JAX_TILED_ACC_OPERANDS_128
 #undef JAX_TILED_ACC_OPERANDS_64
+#undef JAX_TILED_ACC_OPERANDS_32
 
 }  // namespace jax_tiled::cuda::hopper

@@ -36,8 +36,7 @@
 // - B stored K-major (transpose_b): A from registers, either layout;
 // - B stored MN-major (the plain a @ b): the kernel computes C^T = B^T A^T,
 //   where B^T is the register operand and A^T is K-major when a is stored
-//   (m, k), and the epilogue writes C transposed back (each 8-lane group
-//   still writes 32 contiguous bytes);
+//   (m, k), and the epilogue writes C transposed back;
 // - both MN-major (a stored (k, m), b (k, n), the weight gradient): B lands
 //   MN-major and the producer warpgroup's idle warps rewrite each slab
 //   K-major into a second buffer before the consumers may read it
@@ -96,6 +95,10 @@ struct WgmmaConfig {
 using WgmmaWide = WgmmaConfig<256, 4, 2>;
 using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
+// 128 x 64 tiles, 8 stages of 24 KB, for outputs 64 or fewer columns wide
+// (the small M of a swapped TF32 product lands there), where wider tiles
+// would multiply padding.
+using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
 // Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial sums.
 using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
@@ -526,31 +529,42 @@ struct WgmmaRegisterEpilogue {
 };
 
 // The epilogue that stages each consumer warpgroup's 64 rows in shared memory
-// and writes them with the copy engine (TMA stores), one 128-byte-wide chunk
-// of columns at a time: whole lines to global memory, where the register
-// epilogue writes 16- or 32-byte pieces of rows (half sectors), and
-// asynchronously, so the consumers go on to the next unit's mainloop while
-// the copy engine drains the last chunks. Two buffers a warpgroup: a chunk is
-// written while the one before is still being read. The copy engine clips at
-// C's edges. Where it cannot write C (rows or batches not 16-byte aligned),
-// the register epilogue's stores instead. The tile's columns are C's columns
-// (not for a transposed C, whose chunks would need transposing on the way).
+// and writes them with the copy engine (TMA stores), 64 rows of 128 bytes at a
+// time: whole lines to global memory, where the register epilogue writes 16-
+// or 32-byte pieces of rows (half sectors, or single elements where C is
+// written transposed), and asynchronously, so the consumers go on to the next
+// unit's mainloop while the copy engine drains the last steps. Two buffers a
+// warpgroup: a step is written while the one before is still being read. The
+// copy engine clips at C's edges. Where it cannot write C (rows or batches not
+// 16-byte aligned), the register epilogue's stores instead.
+// A step's buffer holds boxes of C at its 128-byte swizzle:
+// - C as computed: one box, the group's 64 rows by 128 bytes of columns;
+// - C written transposed (the group's 64 rows are C's columns), float32
+//   only: two boxes, each 128 bytes of the group's columns by the 32 rows of
+//   C that fill the buffer. (Staged one element at a time, 16-bit outputs
+//   cost the 256-wide TF32 consumers a spill: those go out from registers.)
 template <class Cfg, class Ops, class Out>
 struct WgmmaTmaStoreEpilogue {
-  static_assert(!Ops::kTransposedOut, "the chunks are C's rows");
   using Fallback = WgmmaRegisterEpilogue<Cfg, Ops, Out>;
   struct Params {
     CUtensorMap c_map;  // encoded where `tma`
     typename Fallback::Params fallback;
     bool tma;
   };
-  static constexpr int kRows = 64;  // a consumer warpgroup's
-  static constexpr int kChunkColumns = hopper::kSwizzleBytes / sizeof(Out);
-  static constexpr int kChunks = Cfg::kBlockN / kChunkColumns;
-  static constexpr int kChunkBytes = kRows * hopper::kSwizzleBytes;
-  static constexpr int kBuffers = 2;
-  static constexpr int kSharedBytes = Cfg::kConsumers * kBuffers * kChunkBytes;
-  static_assert(kChunks % kBuffers == 0, "every unit starts on buffer 0");
+  static constexpr bool kTransposed = Ops::kTransposedOut;
+  static constexpr int kRows = 64;                                         // a consumer warpgroup's
+  static constexpr int kBoxColumns = hopper::kSwizzleBytes / sizeof(Out);  // C's, per box row
+  using Buffer = hopper::SwizzledTile<Out, false, kRows>;  // kRows rows of 128 bytes
+  static constexpr int kBoxesPerStep = kTransposed ? kRows / kBoxColumns : 1;
+  static constexpr int kBoxRows = kRows / kBoxesPerStep;
+  // Tile columns per step: 128 bytes of C's row, or the rows of C each box holds.
+  static constexpr int kStepColumns = kTransposed ? kBoxRows : kBoxColumns;
+  static constexpr int kSteps = Cfg::kBlockN / kStepColumns;
+  static constexpr int kBufferBytes = Buffer::kBytes;
+  static constexpr int kBuffers = kSteps > 1 ? 2 : 1;
+  static constexpr int kSharedBytes = Cfg::kConsumers * kBuffers * kBufferBytes;
+  static_assert(!kTransposed || std::is_same_v<Out, float>, "see WgmmaEpilogue");
+  static_assert(kSteps % kBuffers == 0, "every unit starts on buffer 0");
 
   __device__ __forceinline__ static void Join() {}
 
@@ -561,36 +575,26 @@ struct WgmmaTmaStoreEpilogue {
                                                const Params& params, const MatmulDims& dims,
                                                const WorkUnit& unit, uint8_t* shared) {
     if (!params.tma) return Fallback::Store(consumer, params.fallback, dims, unit, shared);
-    const int group = consumer.a_rows / kRows, lane = consumer.lane;
-    const uint32_t buffers = SharedAddress(shared) + group * kBuffers * kChunkBytes;
-    const uint32_t row = 16 * consumer.warp + lane / 4;  // and row + 8
+    const int group = consumer.a_rows / kRows;
+    const uint32_t buffers = SharedAddress(shared) + group * kBuffers * kBufferBytes;
 #pragma unroll
-    for (int chunk = 0; chunk < kChunks; ++chunk) {
-      const uint32_t buffer = buffers + chunk % kBuffers * kChunkBytes;
-      // The store that read this buffer two chunks ago is done with it.
+    for (int step = 0; step < kSteps; ++step) {
+      const uint32_t buffer = buffers + step % kBuffers * kBufferBytes;
+      // The store that last read this buffer is done with it.
       if (Issues()) hopper::WaitStoresRead<kBuffers - 1>();
       hopper::NamedBarrierSync(1 + group, 128);
-#pragma unroll
-      for (uint32_t half = 0; half < 2; ++half) {
-        const uint32_t r = row + 8 * half;
-#pragma unroll
-        for (int j = 0; j < kChunkColumns / 8; ++j) {
-          // Columns 8 j + 2 (lane % 4) and the next, at C's 128-byte swizzle.
-          const uint32_t byte = (8 * j + 2 * (lane % 4)) * sizeof(Out);
-          const uint32_t at =
-              buffer + r * hopper::kSwizzleBytes + ((byte / 16) ^ (r % 8)) * 16 + byte % 16;
-          const float x = consumer.acc[4 * (chunk * kChunkColumns / 8 + j) + 2 * half];
-          const float y = consumer.acc[4 * (chunk * kChunkColumns / 8 + j) + 2 * half + 1];
-          if constexpr (std::is_same_v<Out, float>)
-            hopper::StoreShared2(at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
-          else hopper::StoreShared(at, PackPair<Out>(x, y));
-        }
-      }
+      Stage(consumer, step, buffer);
       hopper::FenceProxyAsync();  // this thread's writes, before the copy engine reads them
       hopper::NamedBarrierSync(1 + group, 128);
       if (Issues()) {
-        hopper::StoreBox(&params.c_map, buffer, unit.col0 + chunk * kChunkColumns,
-                         unit.row0 + consumer.a_rows, unit.batch);
+        const int rows = unit.row0 + consumer.a_rows, columns = unit.col0 + step * kStepColumns;
+#pragma unroll
+        for (int box = 0; box < kBoxesPerStep; ++box) {
+          const uint32_t source = buffer + box * kBoxRows * hopper::kSwizzleBytes;
+          if constexpr (kTransposed)
+            hopper::StoreBox(&params.c_map, source, rows + box * kBoxColumns, columns, unit.batch);
+          else hopper::StoreBox(&params.c_map, source, columns, rows, unit.batch);
+        }
         hopper::CommitStores();
       }
     }
@@ -604,13 +608,52 @@ struct WgmmaTmaStoreEpilogue {
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
     Params params{};
     params.fallback = Fallback::ParamsFor(dims, out);
-    const hopper::OperandLayout c{out,      dims.n,
-                                  dims.m,   dims.batch,
-                                  dims.ldc, dims.out_batch_stride,
-                                  kRows,    static_cast<int>(sizeof(Out))};
+    // The kernel's rows are C's columns where it writes C transposed.
+    const hopper::OperandLayout c{out,
+                                  kTransposed ? dims.m : dims.n,
+                                  kTransposed ? dims.n : dims.m,
+                                  dims.batch,
+                                  dims.ldc,
+                                  dims.out_batch_stride,
+                                  kBoxRows,
+                                  static_cast<int>(sizeof(Out))};
     params.tma =
         hopper::TmaCanTake(c) && hopper::EncodeOperand<Out>(c, &params.c_map) == cudaSuccess;
     return params;
+  }
+
+ private:
+  // The thread's accumulators of tile columns [step, step + 1) * kStepColumns
+  // into the buffer. Per 8 tile columns the thread holds (row, column) pairs
+  // (r, c), (r, c + 1) and (r + 8, c), (r + 8, c + 1) (r = 16 warp + lane / 4,
+  // c = 2 (lane % 4)): a pair of C's columns as one store, or, transposed,
+  // two of C's rows.
+  __device__ __forceinline__ static void Stage(const WgmmaConsumer<Cfg, Ops>& consumer, int step,
+                                               uint32_t buffer) {
+    const uint32_t row = 16 * consumer.warp + consumer.lane / 4, column = 2 * (consumer.lane % 4);
+#pragma unroll
+    for (uint32_t half = 0; half < 2; ++half) {
+      const uint32_t r = row + 8 * half;
+#pragma unroll
+      for (uint32_t j = 0; j < kStepColumns / 8; ++j) {
+        const int i = 4 * (step * kStepColumns / 8 + j) + 2 * half;
+        const float x = consumer.acc[i], y = consumer.acc[i + 1];
+        const uint32_t c = 8 * j + column;
+        if constexpr (kTransposed) {
+          // C's column r in box r / kBoxColumns, its rows c and c + 1 of the step.
+          const uint32_t box_row = r / kBoxColumns * kBoxRows + c;
+          hopper::StoreShared(buffer + Buffer::ElementOffset(box_row, r % kBoxColumns),
+                              __float_as_uint(x));
+          hopper::StoreShared(buffer + Buffer::ElementOffset(box_row + 1, r % kBoxColumns),
+                              __float_as_uint(y));
+        } else {
+          const uint32_t at = buffer + Buffer::ElementOffset(r, c);
+          if constexpr (std::is_same_v<Out, float>)
+            hopper::StoreShared2(at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
+          else hopper::StoreShared(at, PackPair<Out>(x, y));
+        }
+      }
+    }
   }
 };
 
@@ -796,10 +839,20 @@ bool WgmmaCanTake(const MatmulDims& d, const void* a, const void* b) {
          hopper::TmaCanTake(OperandB<In>(w.dims, w.b, WgmmaWide::kBlockN));
 }
 
+// Whether tiles of 128 x `width` leave no more than a third of the SMs idle.
+inline bool WgmmaTilesFill(const MatmulDims& d, int width, int multiprocessors) {
+  const int64_t tiles = d.batch * ((d.m + 127) / 128) * ((d.n + width - 1) / width);
+  return 3 * tiles >= 2 * static_cast<int64_t>(multiprocessors);
+}
+
 // 128 x 256 tiles unless they would leave a third of the SMs idle.
 inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
-  const int64_t wide_tiles = d.batch * ((d.m + 127) / 128) * ((d.n + 255) / 256);
-  return 3 * wide_tiles >= 2 * static_cast<int64_t>(multiprocessors);
+  return WgmmaTilesFill(d, 256, multiprocessors);
+}
+
+// 128 x 64 tiles for outputs at most 64 columns wide, where they fill the GPU.
+inline bool WgmmaUsesSkinnyTiles(const MatmulDims& d, int multiprocessors) {
+  return d.n <= 64 && WgmmaTilesFill(d, 64, multiprocessors);
 }
 
 // How many clusters of `size` split-K blocks a GPU of `multiprocessors` SMs
@@ -829,23 +882,35 @@ using WgmmaScheduler =
                        PersistentTileScheduler<Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterM,
                                                WgmmaTiles<Cfg, Ops>::kSlab>>;
 template <class Cfg, class Ops, class Out>
-using WgmmaEpilogue =
-    std::conditional_t<Cfg::kSplitK, ClusterReduceEpilogue<Cfg, Ops, Out>,
-                       std::conditional_t<Ops::kTransposedOut, WgmmaRegisterEpilogue<Cfg, Ops, Out>,
-                                          WgmmaTmaStoreEpilogue<Cfg, Ops, Out>>>;
+using WgmmaEpilogue = std::conditional_t<
+    Cfg::kSplitK, ClusterReduceEpilogue<Cfg, Ops, Out>,
+    std::conditional_t<Ops::kTransposedOut && sizeof(Out) == 2,
+                       WgmmaRegisterEpilogue<Cfg, Ops, Out>, WgmmaTmaStoreEpilogue<Cfg, Ops, Out>>>;
 
 // A kernel's shared memory: its stages and barriers, then its epilogue's.
-template <class Cfg, class Ops, class Out>
+template <class Cfg, class Ops, class Out, class Epilogue = WgmmaEpilogue<Cfg, Ops, Out>>
 inline constexpr int kWgmmaSharedBytes =
     WgmmaTiles<Cfg, Ops>::kSharedBytes + WgmmaTiles<Cfg, Ops>::kEpilogueAlignment +
-    WgmmaEpilogue<Cfg, Ops, Out>::kSharedBytes;
+    Epilogue::kSharedBytes;
 
-template <class Cfg, class Ops, class Out>
-cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
-                            const LaunchPlan& plan) {
+// TF32 products up to this deep stage C for the copy engine; deeper ones
+// store it from registers (WgmmaStoresFromRegisters).
+inline constexpr int64_t kTf32StagedStoreDepth = 256;
+
+// Whether a product's plan has the epilogue store C from registers: TF32
+// deeper than kTf32StagedStoreDepth. There the staged epilogue measured 15-25%
+// slower on the H100 (2048^3 to 8192^3; the same kernel with its staging
+// switched off at run time was as slow, so the cost is in how the
+// consumers compile, not in the stores), and at K = 128 18% faster.
+inline bool WgmmaStoresFromRegisters(const Product& p) {
+  return p.in_type == Dtype::kF32 && p.dims.k > kTf32StagedStoreDepth;
+}
+
+template <class Cfg, class Ops, class Out, class Epilogue>
+cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
+                              const LaunchPlan& plan) {
   using In = typename Ops::In;
   using Tiles = WgmmaTiles<Cfg, Ops>;
-  using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
   const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
   if (cudaError_t err =
@@ -859,7 +924,7 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchCon
   if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows), &b_map, kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
-  constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out>;
+  constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out, Epilogue>;
   static_assert(kShared <= 227 * 1024, "past a Hopper block's shared memory");
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
   cudaLaunchAttribute cluster;
@@ -875,6 +940,17 @@ cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchCon
   launch.attrs = &cluster;
   launch.numAttrs = cluster_size > 1 ? 1 : 0;
   return cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, Epilogue::ParamsFor(dims, out));
+}
+
+// The kernel with the epilogue the plan names.
+template <class Cfg, class Ops, class Out>
+cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
+                            const LaunchPlan& plan) {
+  if constexpr (Ops::kTf32 && !Cfg::kSplitK)
+    if (plan.stores_from_registers)
+      return LaunchWgmmaKernel<Cfg, Ops, Out, WgmmaRegisterEpilogue<Cfg, Ops, Out>>(w, out, context,
+                                                                                    plan);
+  return LaunchWgmmaKernel<Cfg, Ops, Out, WgmmaEpilogue<Cfg, Ops, Out>>(w, out, context, plan);
 }
 
 template <class Cfg, class In, class Out, bool kSplit>
@@ -901,12 +977,13 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
 inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
 
 // The plan for a product: WgmmaRewritingB where B is rewritten (3xTF32, or
-// TF32 with both operands stored MN-major), else wide tiles in pairs sharing
-// B where they fill the GPU, else 128 x 128 tiles with K split across
+// TF32 with both operands stored MN-major), else 128 x 64 tiles for
+// outputs 64 or fewer columns wide where they fill the GPU, else wide tiles
+// in pairs sharing B where they fill it, else 128 x 128 tiles with K split across
 // clusters where the tiles alone would leave most SMs idle, else 128 x 128
 // tiles; swapped for TF32 with B stored MN-major and A not. Whole tiles run
 // on a persistent grid of one block per SM (whole clusters), or per tile
-// where there are fewer.
+// where there are fewer, and store C from registers for TF32 over long K.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
@@ -918,7 +995,10 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     using Scheduler = WgmmaScheduler<Cfg, WgmmaOperands<__half, false, false>>;
     const int64_t clusters =
         std::min<int64_t>(Scheduler::Units(arranged), multiprocessors / Cfg::kClusterM);
-    return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
+    LaunchPlan whole_tiles =
+        PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
+    whole_tiles.stores_from_registers = WgmmaStoresFromRegisters(p);
+    return whole_tiles;
   };
   if (WgmmaTransposesB(p.in_type == Dtype::kF32, p.dims)) {
     LaunchPlan transposing = plan(WgmmaRewritingB{});
@@ -926,6 +1006,7 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     return transposing;
   }
   if (p.SplitsTf32()) return plan(WgmmaRewritingB{});
+  if (WgmmaUsesSkinnyTiles(arranged, multiprocessors)) return plan(WgmmaSkinny{});
   if (WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   // K per slab: one 128-byte swizzle row of the input type.
@@ -960,7 +1041,7 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
         });
     }
     using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
-    return WithConfig<Wide, WgmmaNarrow, WgmmaSplitK>(plan, [&](auto cfg) {
+    return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK>(plan, [&](auto cfg) {
       return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
     });
   });
