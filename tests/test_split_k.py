@@ -1,6 +1,8 @@
 """Split K on the Hopper kernel: where whole 128 x 128 tiles would leave most
 SMs idle, "wgmma" splits each tile's K among a cluster of blocks and adds
-their partial sums in rank order through distributed shared memory. Checked
+their partial sums in rank order through distributed shared memory; where K
+is deep and the tiles fewer still, among several such clusters a tile, whose
+sums a second kernel adds in cluster order from scratch. Checked
 against float64 on every layout, off the tile and slab edges, batched, in
 each input type; bitwise the same run to run; special values in one part's
 K reach the result; and over a long K, no less accurate than jnp."""
@@ -23,7 +25,12 @@ DTYPES = [jnp.bfloat16, jnp.float16, np.float32]
 
 # (batch, m, n, k): few tiles and a deep K. Rows, columns and K off the tile
 # (128) and slab (64 16-bit, 32 float32 elements) edges; a batch of them.
-SHAPES = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544), (1, 8, 136, 8200)]
+# Split within one cluster a tile:
+IN_ONE_CLUSTER = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544)]
+# ... across clusters, in every input type (on an H100, into 32 to 44 parts,
+# some not a power of two):
+ACROSS_CLUSTERS = [(1, 200, 136, 40000), (2, 72, 264, 40000)]
+SHAPES = IN_ONE_CLUSTER + [(1, 8, 136, 8200)] + ACROSS_CLUSTERS
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +48,14 @@ def test_auto_splits_k_only_where_tiles_leave_sms_idle():
     assert skinny.kernel == "wgmma" and "K split in 4 across clusters of 4" in skinny.plan, skinny
     assert "K split" not in explain(4096, 4096, 4096).plan  # tiles fill the GPU
     assert "K split" not in explain(128, 128, 4096).plan  # two slabs: nothing to split
+    # Four tiles over K = 65536: clusters of a tile enough to hold at least
+    # half the SMs, all at once.
+    deep = _ffi.cuda_plan(
+        "wgmma", jnp.bfloat16, jnp.bfloat16, (1, 1, 256, 256, 65536, False, False)
+    )
+    assert deep.split_groups > 1 and "from scratch" in deep.text, deep
+    blocks = 4 * deep.split_k * deep.split_groups
+    assert _ffi.cuda_multiprocessors() / 2 <= blocks <= _ffi.cuda_multiprocessors(), deep
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -58,27 +73,34 @@ def test_every_layout_against_float64(rng, dtype, shape):
 
 def test_the_shapes_here_split():
     """Every shape above, as "auto" plans it, splits K (else the tests above
-    would check whole tiles only)."""
+    would check whole tiles only), within one cluster or across several."""
     S = jax.ShapeDtypeStruct
     for dtype in DTYPES:
         for batch, m, n, k in SHAPES:
             plan = jax_tiled.explain(S((batch, m, k), dtype), S((batch, k, n), dtype)).plan
             assert "K split" in plan, (dtype, (batch, m, n, k), plan)
+            if (batch, m, n, k) in IN_ONE_CLUSTER:
+                assert "from scratch" not in plan, (dtype, (batch, m, n, k), plan)
+            if (batch, m, n, k) in ACROSS_CLUSTERS:
+                assert "from scratch" in plan, (dtype, (batch, m, n, k), plan)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_bitwise_the_same_run_to_run(rng, dtype):
-    a, b, _, _ = operands(rng, 128, 2048, 8192, False, False, dtype)
+@pytest.mark.parametrize("mnk", [(128, 2048, 8192), (256, 256, 65536)], ids=str)
+def test_bitwise_the_same_run_to_run(rng, dtype, mnk):
+    a, b, _, _ = operands(rng, *mnk, False, False, dtype)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32))
     first = np.asarray(product(a, b))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(product(a, b)), first)
 
 
-def test_special_values_in_one_part_reach_the_result(rng):
+@pytest.mark.parametrize("mnk", [(128, 1024, 4096), (128, 256, 65536)], ids=str)
+def test_special_values_in_one_part_reach_the_result(rng, mnk):
     """inf in the last part's K, NaN in the first's: the sum across the
-    cluster's parts carries them as true arithmetic does."""
-    m, n, k = 128, 1024, 4096
+    parts (and across clusters: the second shape) carries them as true
+    arithmetic does."""
+    m, n, k = mnk
     a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
     b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
     a[0, k - 1] = np.inf  # row 0: +-inf where b's last row is nonzero
@@ -101,7 +123,7 @@ def test_long_k_no_less_accurate_than_jnp(rng, dtype):
     a = rng.uniform(0, 1, (m, k)).astype(dtype)
     b = rng.uniform(0, 1, (k, n)).astype(dtype)
     want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    assert "K split in 8" in jax_tiled.explain(a, b, preferred_element_type=jnp.float32).plan
+    assert "from scratch" in jax_tiled.explain(a, b, preferred_element_type=jnp.float32).plan
     errors = {}
     for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
         got = np.asarray(product(a, b, preferred_element_type=jnp.float32), np.float64)

@@ -184,8 +184,8 @@ PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::strin
   const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
   if (!k || !product || Refusal(*k, *product, gpu.compute_capability)) return {};
   const LaunchPlan plan = k->plan(*product, FactsOf(gpu));
-  return {plan.Describe(), plan.block_m, plan.block_n, plan.stages,
-          plan.cluster_m,  plan.split_k, plan.swap_ab, plan.persistent_blocks};
+  return {plan.Describe(), plan.block_m,      plan.block_n, plan.stages,           plan.cluster_m,
+          plan.split_k,    plan.split_groups, plan.swap_ab, plan.persistent_blocks};
 }
 
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

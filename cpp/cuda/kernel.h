@@ -90,8 +90,9 @@ struct LaunchPlan {
   bool swap_ab = false;
   int persistent_blocks = 0;
   // > 1: each tile's K split among a cluster of this many blocks (a split-K
-  // configuration's plan), whose grid has one block per part of every tile.
-  int split_k = 1;
+  // configuration's plan), whose grid has one block per part of every tile;
+  // and among this many such clusters, whose partial sums meet in scratch.
+  int split_k = 1, split_groups = 1;
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
@@ -113,7 +114,7 @@ struct LaunchPlan {
   }
   // The grid's blocks.
   int Blocks(int64_t tiles) const {
-    return split_k > 1 ? static_cast<int>(tiles * split_k) : persistent_blocks;
+    return split_k > 1 ? static_cast<int>(tiles * split_k * split_groups) : persistent_blocks;
   }
   // "128 x 256 tiles, 4 stages", for explain.
   std::string Describe() const;
@@ -270,7 +271,8 @@ cudaError_t VisitStorage(const Product& p, F&& f) {
 class Scratch {
  public:
   virtual ~Scratch() = default;
-  // `bytes` aligned to `alignment`, or null if none is left.
+  // `bytes` aligned to `alignment` (XLA's allocator takes at most 16), or null
+  // if none is left.
   virtual void* Allocate(size_t bytes, size_t alignment) = 0;
 };
 

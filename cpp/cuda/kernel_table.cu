@@ -151,7 +151,12 @@ std::string LaunchPlan::Describe() const {
   if (runtime_width.Chosen()) text += ", " + WhyThisWidth(block_m, runtime_width);
   if (stages) text += ", " + std::to_string(stages) + " stages";
   if (cluster_m > 1) text += ", clusters of " + std::to_string(cluster_m) + " blocks sharing B";
-  if (split_k > 1)
+  if (split_k > 1 && split_groups > 1)
+    text += ", K split in " + std::to_string(split_k * split_groups) + " across " +
+            std::to_string(split_groups) + " clusters of " + std::to_string(split_k) +
+            " blocks a tile (partial sums added in rank order, then cluster by cluster "
+            "from scratch by a second kernel)";
+  else if (split_k > 1)
     text += ", K split in " + std::to_string(split_k) + " across clusters of " +
             std::to_string(split_k) + " blocks (partial sums added in rank order)";
   if (swap_ab) text += ", computing C^T = B^T A^T";

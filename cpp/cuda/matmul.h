@@ -60,7 +60,7 @@ AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
 // refuses the problem.
 struct PlanFacts {
   std::string text;
-  int block_m = 0, block_n = 0, stages = 0, cluster_m = 1, split_k = 1;
+  int block_m = 0, block_n = 0, stages = 0, cluster_m = 1, split_k = 1, split_groups = 1;
   bool swap_ab = false;
   int persistent_blocks = 0;
 };

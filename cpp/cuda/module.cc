@@ -81,6 +81,7 @@ NB_MODULE(_cuda, m) {
         facts["stages"] = plan.stages;
         facts["cluster_m"] = plan.cluster_m;
         facts["split_k"] = plan.split_k;
+        facts["split_groups"] = plan.split_groups;
         facts["swap_ab"] = plan.swap_ab;
         facts["persistent_blocks"] = plan.persistent_blocks;
         return facts;

@@ -44,6 +44,9 @@ SHAPES = [
 LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132 SMs twice
 # 9 x 17 tiles of 128 x 256: more than one tile per SM for the persistent wgmma grid.
 LARGE_SIXTEEN_BIT_SHAPE = (1032, 72, 4104)
+# Two 128 x 128 tiles over a deep K: the Hopper kernel splits K across several
+# clusters a tile, whose partial sums meet in scratch (a second kernel adds them).
+DEEP_SHAPE = (136, 40000, 72)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 
 
@@ -65,6 +68,8 @@ def run_kernel(kernel: str) -> None:
     cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES] + [
         (LARGE_SHAPE, np.float32),
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16),
+        (DEEP_SHAPE, np.float32),
+        (DEEP_SHAPE, jnp.bfloat16),
     ]
     layouts = list(itertools.product((False, True), repeat=2))
     cases = [

@@ -56,15 +56,18 @@ struct PersistentTileScheduler {
   static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
 };
 
-// Split K: each output tile is a cluster's, and the block of rank r takes
-// the r-th of the cluster's near-equal runs of the tile's slabs, so tiles too
+// Split K: each output tile is split among `groups` clusters (consecutive in
+// the grid), each over its own run of the tile's slabs, and the block of rank
+// r of a cluster takes the r-th of its cluster's near-equal runs, so tiles too
 // few to fill the SMs still keep every SM's tensor cores busy. One unit per
 // block, no persistence: the epilogue adds the cluster's partial sums through
-// distributed shared memory in rank order (ClusterReduceEpilogue), so a
-// result is the same run to run, with no float atomics and no scratch. The
-// split count is the cluster's size, a launch attribute, so one kernel serves
-// every count. Each block keeps B to itself: Rank() is 0 among blocks sharing
-// B.
+// distributed shared memory in rank order, and where there are several
+// clusters a tile, writes them to scratch for a second kernel to add cluster
+// by cluster (ClusterReduceEpilogue), so a result is the same run to run, with
+// no float atomics. The split is the cluster's size (a launch attribute) times
+// the clusters a tile (the grid's size over the clusters' tiles), so one
+// kernel serves every split. Each block keeps B to itself: Rank() is 0 among
+// blocks sharing B.
 template <int kBlockM, int kBlockN, int kSlabDepth>
 struct SplitKTileScheduler {
   using Order = TileOrder<kBlockM, kBlockN>;
@@ -72,19 +75,26 @@ struct SplitKTileScheduler {
 
   __device__ __forceinline__ static int Rank() { return 0; }
 
+  // The clusters that split each tile.
+  __device__ __forceinline__ static int Groups(const MatmulDims& dims) {
+    return static_cast<int>(gridDim.x / (hopper::ClusterSize() * Order(dims).count));
+  }
+
   __device__ __forceinline__ bool Next(const MatmulDims& dims, WorkUnit& unit) {
     if (taken) return false;
     taken = true;
-    const int parts = hopper::ClusterSize(), part = hopper::ClusterRank();
+    const int size = hopper::ClusterSize(), groups = Groups(dims);
+    const int64_t cluster = blockIdx.x / size, parts = int64_t{size} * groups;
+    const int64_t part = cluster % groups * size + hopper::ClusterRank();
     const int64_t slabs = (dims.k + kSlabDepth - 1) / kSlabDepth;
     int64_t batch, row0, col0;
-    Order(dims).Locate(blockIdx.x / parts, batch, row0, col0);
+    Order(dims).Locate(cluster / groups, batch, row0, col0);
     unit = {static_cast<int>(batch), static_cast<int>(row0), static_cast<int>(col0),
             static_cast<int>(slabs * part / parts), static_cast<int>(slabs * (part + 1) / parts)};
     return true;
   }
 
-  // The tiles; the grid has a cluster of blocks for each.
+  // The tiles; the grid has `groups` clusters of blocks for each.
   static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
 };
 

@@ -493,9 +493,23 @@ struct WgmmaConsumer {
 // memory, past the stages), Store (by the consumers, per unit), Finish (by
 // the consumers once their units are done) and Join (by the producer
 // warpgroup once its copies are issued: its part in any block barriers the
-// epilogue needs).
+// epilogue needs); on the host, Prepare (scratch for the params, before the
+// kernel) and FixUp (work after it, on the same stream), which
+// EpilogueInOneKernel has do nothing.
+struct EpilogueInOneKernel {
+  template <class Params>
+  static cudaError_t Prepare(Params&, const MatmulDims&, const LaunchPlan&, const LaunchContext&) {
+    return cudaSuccess;
+  }
+  template <class Params>
+  static cudaError_t FixUp(const Params&, const MatmulDims&, const LaunchPlan&,
+                           const LaunchContext&) {
+    return cudaSuccess;
+  }
+};
+
 template <class Cfg, class Ops, class Out>
-struct WgmmaRegisterEpilogue {
+struct WgmmaRegisterEpilogue : EpilogueInOneKernel {
   struct Params {
     Out* out;
     bool paired_stores;  // every row of C starts aligned to two elements
@@ -544,7 +558,7 @@ struct WgmmaRegisterEpilogue {
 //   C that fill the buffer. (Staged one element at a time, 16-bit outputs
 //   cost the 256-wide TF32 consumers a spill: those go out from registers.)
 template <class Cfg, class Ops, class Out>
-struct WgmmaTmaStoreEpilogue {
+struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
   using Fallback = WgmmaRegisterEpilogue<Cfg, Ops, Out>;
   struct Params {
     CUtensorMap c_map;  // encoded where `tma`
@@ -660,24 +674,30 @@ struct WgmmaTmaStoreEpilogue {
 // The split-K epilogue (SplitKTileScheduler): every block of the cluster puts
 // its partial sums in its shared memory; then the block of rank q adds rows
 // [q R, (q + 1) R) of the tile over the cluster's blocks, in rank order, and
-// writes them, eight columns a thread (R = kBlockM / the cluster's size).
-// Consecutive threads take consecutive runs of a row, or, where C is written
-// transposed (its rows are the tile's columns), the same run of consecutive
-// rows, so that a warp's stores are contiguous either way.
+// writes them, eight columns a thread (R = kBlockM / the cluster's size):
+// - one cluster a tile: to C. Consecutive threads take consecutive runs of a
+//   row, or, where C is written transposed (its rows are the tile's
+//   columns), the same run of consecutive rows, so that a warp's stores are
+//   contiguous either way.
+// - several (a split across clusters): as float32 to the cluster's slot of
+//   scratch, a tile's worth; then a second kernel (SplitKFixUp) adds each
+//   tile's slots in cluster order and writes C.
 // The reduction reads the peers' shared memory directly (distributed shared
-// memory): no scratch buffer, no flags, no float atomics.
+// memory). No flags, no float atomics: the sums' order is fixed.
 template <class Cfg, class Ops, class Out>
 struct ClusterReduceEpilogue {
   struct Params {
     Out* out;
     bool paired_stores;  // every row of C starts aligned to two elements
     bool vector_stores;  // ... and to 16 bytes
+    float* partials;     // a split across clusters: a tile's slot per cluster; else null
   };
   // Rows padded by 8 floats: the float2 writes of a half-warp (rows r .. r + 3
   // of the accumulator layout) fall in distinct banks.
   static constexpr int kPitch = Cfg::kBlockN + 8;
   static constexpr int kSharedBytes = Cfg::kBlockM * kPitch * sizeof(float);
   static constexpr int kChunks = Cfg::kBlockN / 8;  // of eight columns, per row
+  static constexpr int kSlotFloats = Cfg::kBlockM * Cfg::kBlockN;
 
   // The two cluster barriers, which every thread of the cluster passes.
   __device__ __forceinline__ static void Join() {
@@ -685,6 +705,17 @@ struct ClusterReduceEpilogue {
     hopper::ClusterSync();
   }
   __device__ __forceinline__ static void Finish() {}
+
+  // sum = the cluster's partial sums at `at` (eight floats), in rank order.
+  __device__ __forceinline__ static void AddParts(const float* at, int parts, float (&sum)[8]) {
+    for (int q = 0; q < parts; ++q) {
+      const float4 lo = hopper::LoadSharedInCluster(at, q);
+      const float4 hi = hopper::LoadSharedInCluster(at + 4, q);
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[e] = q ? sum[e] + v[e] : v[e];  // rank 0's as they are
+    }
+  }
 
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
                                                const Params& params, const MatmulDims& dims,
@@ -702,30 +733,104 @@ struct ClusterReduceEpilogue {
 
     const int parts = hopper::ClusterSize(), rows = Cfg::kBlockM / parts;
     const int first_row = hopper::ClusterRank() * rows;
-    const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, unit.batch,
-                                                   params.paired_stores);
-    for (int i = threadIdx.x - 128; i < rows * kChunks; i += 128 * Cfg::kConsumers) {
-      const int r = first_row + (Ops::kTransposedOut ? i % rows : i / kChunks);
-      const int col = 8 * (Ops::kTransposedOut ? i / rows : i % kChunks);
-      const float* const at = partials + r * kPitch + col;
-      float sum[8];
-      for (int q = 0; q < parts; ++q) {
-        const float4 lo = hopper::LoadSharedInCluster(at, q);
-        const float4 hi = hopper::LoadSharedInCluster(at + 4, q);
-        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum[e] = q ? sum[e] + v[e] : v[e];  // rank 0's as they are
+    const int first = threadIdx.x - 128, step = 128 * Cfg::kConsumers;
+    if (params.partials) {
+      float* const slot = params.partials + int64_t{blockIdx.x / parts} * kSlotFloats;
+      for (int i = first; i < rows * kChunks; i += step) {
+        const int r = first_row + i / kChunks, col = 8 * (i % kChunks);
+        float sum[8];
+        AddParts(partials + r * kPitch + col, parts, sum);
+        float4* const to = reinterpret_cast<float4*>(slot + r * Cfg::kBlockN + col);
+        to[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+        to[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
       }
-      if (c.RowInside(unit.row0 + r))
-        c.Eight(unit.row0 + r, unit.col0 + col, sum, params.vector_stores);
+    } else {
+      const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, unit.batch,
+                                                     params.paired_stores);
+      for (int i = first; i < rows * kChunks; i += step) {
+        const int r = first_row + (Ops::kTransposedOut ? i % rows : i / kChunks);
+        const int col = 8 * (Ops::kTransposedOut ? i / rows : i % kChunks);
+        float sum[8];
+        AddParts(partials + r * kPitch + col, parts, sum);
+        if (c.RowInside(unit.row0 + r))
+          c.Eight(unit.row0 + r, unit.col0 + col, sum, params.vector_stores);
+      }
     }
     hopper::ClusterSync();  // no block leaves while another may read its partials
   }
 
   static Params ParamsFor(const MatmulDims& dims, Out* out) {
-    return {out, RowsAligned(dims, out, 2 * sizeof(Out)), RowsAligned(dims, out, 16)};
+    return {out, RowsAligned(dims, out, 2 * sizeof(Out)), RowsAligned(dims, out, 16), nullptr};
   }
+
+  // A split across clusters: a slot of scratch for each cluster.
+  static cudaError_t Prepare(Params& params, const MatmulDims& dims, const LaunchPlan& plan,
+                             const LaunchContext& context) {
+    if (plan.split_groups <= 1) return cudaSuccess;
+    const int64_t slots = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count * plan.split_groups;
+    // 16 bytes: the most XLA's scratch allocator takes, and what the slots'
+    // 16-byte stores need.
+    void* const scratch = context.scratch
+                              ? context.scratch->Allocate(slots * kSlotFloats * sizeof(float), 16)
+                              : nullptr;
+    if (!scratch) return cudaErrorMemoryAllocation;
+    params.partials = static_cast<float*>(scratch);
+    return cudaSuccess;
+  }
+
+  static constexpr int kFixUpThreads = 256;
+  static cudaError_t FixUp(const Params& params, const MatmulDims& dims, const LaunchPlan& plan,
+                           const LaunchContext& context);
 };
+
+// A split across clusters' second kernel: each thread adds eight columns of
+// one row of a tile over the tile's clusters' slots, in cluster order, and
+// writes them to C (consecutive threads: consecutive runs of a row, or the
+// same run of consecutive rows where C is written transposed, as in the
+// epilogue).
+template <class Cfg, class Ops, class Out>
+__global__ void __launch_bounds__(ClusterReduceEpilogue<Cfg, Ops, Out>::kFixUpThreads)
+    SplitKFixUp(const MatmulDims dims,
+                const typename ClusterReduceEpilogue<Cfg, Ops, Out>::Params params, int groups) {
+  using Epilogue = ClusterReduceEpilogue<Cfg, Ops, Out>;
+  constexpr int kPerTile = Cfg::kBlockM * Epilogue::kChunks;
+  const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= order.count * kPerTile) return;
+  const int64_t tile = i / kPerTile;
+  const int j = static_cast<int>(i % kPerTile);
+  const int r = Ops::kTransposedOut ? j % Cfg::kBlockM : j / Epilogue::kChunks;
+  const int col = 8 * (Ops::kTransposedOut ? j / Cfg::kBlockM : j % Epilogue::kChunks);
+  int64_t batch, row0, col0;
+  order.Locate(tile, batch, row0, col0);
+  const OutputWriter<Out, Ops::kTransposedOut> c(params.out, dims, batch, params.paired_stores);
+  if (!c.RowInside(row0 + r)) return;
+  const float* at =
+      params.partials + tile * groups * Epilogue::kSlotFloats + r * Cfg::kBlockN + col;
+  float sum[8];
+  for (int g = 0; g < groups; ++g, at += Epilogue::kSlotFloats) {
+    const float4 lo = __ldcs(reinterpret_cast<const float4*>(at));  // read once: stream past L1
+    const float4 hi = __ldcs(reinterpret_cast<const float4*>(at) + 1);
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum[e] = g ? sum[e] + v[e] : v[e];
+  }
+  c.Eight(row0 + r, col0 + col, sum, params.vector_stores);
+}
+
+template <class Cfg, class Ops, class Out>
+cudaError_t ClusterReduceEpilogue<Cfg, Ops, Out>::FixUp(const Params& params,
+                                                        const MatmulDims& dims,
+                                                        const LaunchPlan& plan,
+                                                        const LaunchContext& context) {
+  if (plan.split_groups <= 1) return cudaSuccess;
+  const int64_t threads =
+      TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count * Cfg::kBlockM * kChunks;
+  const auto blocks = static_cast<unsigned>((threads + kFixUpThreads - 1) / kFixUpThreads);
+  SplitKFixUp<Cfg, Ops, Out>
+      <<<blocks, kFixUpThreads, 0, context.stream>>>(dims, params, plan.split_groups);
+  return cudaGetLastError();
+}
 
 // The kernel, composed of its pieces: the configuration (tile, stages,
 // cluster), the operands (Ops), the tile scheduler that hands each block its
@@ -860,18 +965,44 @@ inline bool WgmmaUsesSkinnyTiles(const MatmulDims& d, int multiprocessors) {
 // the SMs of its GPCs (a cluster's blocks share one).
 using ClustersHeld = int (*)(int size, int multiprocessors);
 
-// How many parts to split each 128 x 128 tile's K into (1: none): doubled
-// while every tile's cluster still fits the GPU at once (a second wave of
-// clusters doubles the time), each part keeps at least two slabs of
-// slab_depth, and the cluster stays within the portable 8 blocks.
-inline int WgmmaSplitKParts(const MatmulDims& d, int multiprocessors, int slab_depth,
-                            ClustersHeld held) {
+// A split of each 128 x 128 tile's K: among a cluster of `parts` blocks, in
+// each of `groups` clusters.
+struct WgmmaSplit {
+  int parts = 1, groups = 1;
+  int Total() const { return parts * groups; }
+};
+
+// A split across clusters costs a second kernel and a round trip through
+// scratch, measured on the H100 at about what a block's 16 slabs take
+// (NOTES.md): it is taken where it spares each block at least twice that
+// over the split within one cluster, and leaves each block 16 slabs or more.
+inline constexpr int64_t kSlabsPerBlockAcrossClusters = 16;
+inline constexpr int64_t kSlabsSparedAcrossClusters = 32;
+
+// How to split each 128 x 128 tile's K (parts 1: none). Within one cluster:
+// the parts double while every tile's cluster still fits the GPU at once (a
+// second wave of clusters doubles the time), each part keeps at least two
+// slabs of slab_depth, and the cluster stays within the portable 8 blocks.
+// Across clusters, where K is deep enough (kSlabsPerBlockAcrossClusters,
+// kSlabsSparedAcrossClusters): the split with the most blocks whose clusters
+// all fit at once (ties: the larger clusters, whose partials meet in shared
+// memory, not scratch).
+inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int multiprocessors, int slab_depth,
+                                ClustersHeld held) {
   const int64_t tiles = d.batch * ((d.m + 127) / 128) * ((d.n + 127) / 128);
   const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
-  int parts = 1;
-  while (2 * parts <= 8 && tiles <= held(2 * parts, multiprocessors) && slabs >= 2 * 2 * parts)
-    parts *= 2;
-  return parts;
+  WgmmaSplit within;
+  while (2 * within.parts <= 8 && tiles <= held(2 * within.parts, multiprocessors) &&
+         slabs >= 2 * 2 * within.parts)
+    within.parts *= 2;
+  WgmmaSplit across = within;
+  for (int size = 8; size >= 2; size /= 2) {
+    const int64_t groups = std::min<int64_t>(held(size, multiprocessors) / tiles,
+                                             slabs / (kSlabsPerBlockAcrossClusters * size));
+    if (groups >= 2 && size * groups > across.Total()) across = {size, static_cast<int>(groups)};
+  }
+  const int64_t spared = slabs / within.Total() - slabs / across.Total();
+  return spared >= kSlabsSparedAcrossClusters ? across : within;
 }
 
 // The pieces a configuration runs with: its scheduler and its epilogue.
@@ -927,6 +1058,8 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out, Epilogue>;
   static_assert(kShared <= 227 * 1024, "past a Hopper block's shared memory");
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
+  typename Epilogue::Params params = Epilogue::ParamsFor(dims, out);
+  if (cudaError_t err = Epilogue::Prepare(params, dims, plan, context)) return err;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   const int cluster_size = Cfg::kSplitK ? plan.split_k : Cfg::kClusterM;
@@ -939,7 +1072,8 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   launch.stream = context.stream;
   launch.attrs = &cluster;
   launch.numAttrs = cluster_size > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, Epilogue::ParamsFor(dims, out));
+  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, params)) return err;
+  return Epilogue::FixUp(params, dims, plan, context);
 }
 
 // The kernel with the epilogue the plan names.
@@ -1012,8 +1146,12 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
   // K per slab: one 128-byte swizzle row of the input type.
   const int slab_depth =
       p.in_type == Dtype::kF32 ? hopper::kSwizzleElements<float> : hopper::kSwizzleElements<__half>;
-  if (const int parts = WgmmaSplitKParts(arranged, multiprocessors, slab_depth, held); parts > 1)
-    return PlanOf<WgmmaSplitK>(swap_ab, 0, parts);
+  if (const WgmmaSplit split = WgmmaSplitFor(arranged, multiprocessors, slab_depth, held);
+      split.parts > 1) {
+    LaunchPlan splitting = PlanOf<WgmmaSplitK>(swap_ab, 0, split.parts);
+    splitting.split_groups = split.groups;
+    return splitting;
+  }
   return plan(WgmmaNarrow{});
 }
 
