@@ -384,7 +384,6 @@ def main(argv=None) -> int:
     print(format_geomeans(summary))
     if args.json:
         write_json(args.json, info, args, rows, geomeans=summary, pallas=pallas.json_section(args))
-        print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         write_plot(args.plot, info, rows)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -431,7 +430,6 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
                 "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
             },
         )
-        print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "training step")
 
 
@@ -477,7 +475,6 @@ def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
                 "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
             },
         )
-        print(f"wrote {args.json}", file=sys.stderr)
     return _report_failures(rows, "chain")
 
 
@@ -506,7 +503,6 @@ def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
             None,
             accuracy={"definitions": DEFINITIONS, "flags": LEGEND, "rows": json_rows(rows)},
         )
-        print(f"wrote {args.json}", file=sys.stderr)
     status = _report_failures([row for row in rows if not row.refused], "accuracy")
     print(heading(info))
     print(DEFINITIONS)
@@ -562,7 +558,6 @@ def ladder_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
                 "ncu": ncu_note,
             },
         )
-        print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
         write_ladder_plot(args.plot, info, rows)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform as host_platform
+import sys
 from typing import TYPE_CHECKING
 
 import jax
@@ -443,8 +444,9 @@ def json_rows(rows: list) -> list[dict]:
 
 
 def write_json(path: str, info: dict, args, rows: list | None, **sections) -> None:
-    """The device facts, the command line, the timed rows (None: a run that times
-    nothing, such as --accuracy, whose rows are in its section) and the sections."""
+    """Writes the device facts, the command line, the timed rows (None: a run
+    that times nothing, such as --accuracy, whose rows are in its section) and
+    the sections to `path`, and says so on stderr."""
     doc = {**info, "argv": args.argv}
     if rows is not None:
         doc.update(
@@ -457,3 +459,4 @@ def write_json(path: str, info: dict, args, rows: list | None, **sections) -> No
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
+    print(f"wrote {path}", file=sys.stderr)
