@@ -54,10 +54,18 @@ class Product:
 
 def ffi_product(a, b, product: Product, out_dtype):
     """The FFI call on canonical operands (batch of 1 or B; see _canonical),
-    into `out_dtype`, with its attributes as explicit numpy scalars."""
+    into `out_dtype`, with its attributes as explicit numpy scalars. On CUDA
+    the operands pass an optimization barrier first: XLA's dynamic-slice
+    fusion would otherwise wrap a call whose operand is a slice, such as
+    `ws[i]` in a `lax.scan` over stacked weights, in a thunk that computes the
+    slice's offset on the host at every step, which cost 8 us a call on an
+    H100, where copying the slice costs one small kernel (cpp/cuda/NOTES.md,
+    "Small products in lax.scan")."""
     batch, m, n, _ = _canonical.problem_dims(
         a.shape, b.shape, product.transpose_a, product.transpose_b
     )
+    if product.target == _ffi.TARGETS["cuda"]:
+        a, b = lax.optimization_barrier((a, b))
     call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
     return call(
         a,

@@ -1,6 +1,8 @@
-"""The CUDA handler carries XLA's command-buffer trait: a jitted loop's custom
-call is captured into a CUDA graph (checked in a subprocess, with command
-buffers forced on and XLA's thunk sequence dumped)."""
+"""How XLA runs the CUDA custom call inside loops: the handler carries XLA's
+command-buffer trait, so a jitted loop's call is captured into a CUDA graph
+(checked in a subprocess, with command buffers forced on and XLA's thunk
+sequence dumped); and a call on a slice of stacked weights in a `lax.scan`
+is not wrapped in XLA's dynamic-slice fusion (_lowering.ffi_product)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax import lax
+
+import jax_tiled
 
 pytestmark = pytest.mark.gpu
 
@@ -47,3 +55,35 @@ def test_custom_call_is_captured_into_a_cuda_graph(tmp_path):
     assert dumps, sorted(p.name for p in tmp_path.iterdir())
     sequence = dumps[0].read_text()
     assert _captured_custom_calls(sequence) == 1, sequence
+
+
+def _computation_holding(hlo_text: str, needle: str) -> str:
+    """The name of the HLO computation whose body has a line with `needle`."""
+    name = ""
+    for line in hlo_text.splitlines():
+        header = re.match(r"(?:ENTRY )?%(\S+) \(", line)
+        if header:
+            name = header.group(1)
+        elif needle in line:
+            return name
+    raise AssertionError(f"{needle} not in the compiled program:\n{hlo_text}")
+
+
+def test_scan_over_stacked_weights_is_not_a_dynamic_slice_fusion(on_gpu, rng):
+    # XLA's dynamic-slice fusion would run the call in a thunk that computes
+    # ws[i]'s offset on the host at every step.
+    x = rng.standard_normal((128, 128)).astype(np.float32)
+    ws = (rng.standard_normal((4, 128, 128)) / np.sqrt(128)).astype(np.float32)
+
+    @jax.jit
+    def chain(x, ws):
+        return lax.scan(lambda x, w: (jnp.tanh(jax_tiled.matmul(x, w)), None), x, ws)[0]
+
+    hlo = chain.lower(x, ws).compile().as_text()
+    holder = _computation_holding(hlo, 'custom_call_target="tiled_matmul_cuda"')
+    assert not re.search(rf"kind=kCustom, calls=%{re.escape(holder)}\b", hlo), hlo
+    truth = x.astype(np.float64)
+    for w in ws:
+        truth = np.tanh(truth @ w)
+    got = np.asarray(chain(x, ws), np.float64)
+    assert np.linalg.norm(got - truth) / np.linalg.norm(truth) < 1e-2  # TF32 products
