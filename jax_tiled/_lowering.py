@@ -145,17 +145,19 @@ def _read_as_stored(value, aval, transposed: bool):
     return source, aval.update(shape=(batch, cols, rows)), not transposed
 
 
-def copies_b_k_major(platform, kernel, operand_dtype, precision, transpose_a, transpose_b) -> bool:
+def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, problem) -> bool:
     """Whether the call takes b through XLA's transpose (stored (n, k)) before
-    the kernel: on a Hopper GPU, for `auto`, float32 on the tensor cores
-    (DEFAULT, HIGH) with a stored (k, m) and b stored (k, n), the weight
-    gradient's layout. TF32 `wgmma` reads its shared-memory operand K-major
-    only; as stored, it rewrites every B slab in shared memory on 128 x 128
-    tiles (one TF32 pass; 3xTF32 not at all), 0.77 ms at 4096^3 on an H100
-    against 0.46 ms for the transpose and the product on b K-major
-    (cpp/cuda/NOTES.md, "The weight gradient's layout on TF32 wgmma"). A
-    forced kernel runs the layout as given."""
-    return (
+    the kernel: for `auto` where it would run the product (batch_a, batch_b,
+    m, n, k, transpose_a, transpose_b) with b so copied on `wgmma` (on a
+    Hopper GPU, not a small product), for float32 on the tensor cores (DEFAULT, HIGH) with a stored
+    (k, m) and b stored (k, n), the weight gradient's layout. TF32 `wgmma`
+    reads its shared-memory operand K-major only; as stored, it rewrites every
+    B slab in shared memory on 128 x 128 tiles (one TF32 pass; 3xTF32 not at
+    all), 0.77 ms at 4096^3 on an H100 against 0.46 ms for the transpose and
+    the product on b K-major (cpp/cuda/NOTES.md, "The weight gradient's layout
+    on TF32 wgmma"). A forced kernel runs the layout as given."""
+    transpose_a, transpose_b = problem[-2:]
+    if not (
         platform == "cuda"
         and kernel == "auto"
         and transpose_a
@@ -163,7 +165,16 @@ def copies_b_k_major(platform, kernel, operand_dtype, precision, transpose_a, tr
         and np.dtype(operand_dtype) == np.float32
         and precision in (lax.Precision.DEFAULT, lax.Precision.HIGH)
         and _ffi.cuda_compute_capability() == _ffi.HOPPER
+    ):
+        return False
+    auto_runs, _, _ = _ffi.cuda_explain(
+        np.dtype(operand_dtype).name,
+        np.dtype(product_dtype).name,
+        (*problem[:5], transpose_a, True),
+        _ffi.cuda_multiprocessors(),
+        precision,
     )
+    return auto_runs == "wgmma"
 
 
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
@@ -182,19 +193,25 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
+    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    batches = (a_aval.shape[0], b_aval.shape[0])
     copy_b = copies_b_k_major(
-        platform, kernel, run.operand_dtype, run.precision, transpose_a, transpose_b
+        platform,
+        kernel,
+        run.operand_dtype,
+        run.product_dtype,
+        run.precision,
+        (*batches, m, n, k, transpose_a, transpose_b),
     )
     if copy_b:
         transpose_b = True
         b_aval = b_aval.update(shape=(*b_aval.shape[:-2], *b_aval.shape[:-3:-1]))
-    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     check_kernel_runs(
         platform,
         kernel,
         run.operand_dtype,
         run.product_dtype,
-        (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b),
+        (*batches, m, n, k, transpose_a, transpose_b),
         run.precision,
     )
     product = Product(

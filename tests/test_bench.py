@@ -315,6 +315,7 @@ def test_chains_time_ours_against_the_peer_per_product(tmp_path, capsys):
     }
     for (_, _, kernel), row in rows.items():
         assert row["error"] is None and row["us_per_product"] > 0
+        assert row["sets"] == 1  # one chain per jitted call (chains.py)
         assert row["us_per_product"] == pytest.approx(row["ms"] * 1e3 / 3)
         assert row["err"]["x"] <= row["tolerance"]
         if kernel == "auto":

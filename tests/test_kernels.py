@@ -133,7 +133,7 @@ def test_cuda_auto_by_dtype():
     """16-bit inputs go to the tensor cores; cp.async cannot convert, so
     float64 results go to warptile."""
     found = jax_tiled.explain(
-        S((512, 512), jnp.bfloat16), S((512, 512), jnp.bfloat16), backend="gpu"
+        S((1024, 1024), jnp.bfloat16), S((1024, 1024), jnp.bfloat16), backend="gpu"
     )
     if _ffi.cuda_compute_capability() == _ffi.HOPPER:
         assert found.kernel == "wgmma" and found.reason.startswith("16-bit inputs on a Hopper GPU")
@@ -164,8 +164,8 @@ def test_cuda_auto_by_dtype():
 @pytest.mark.parametrize(
     "a,b,transpose_a,rows",
     [
-        ((512, 17), (17, 512), False, 17),  # a's rows are K = 17 long
-        ((512, 17), (512, 512), True, 17),  # a stored (K, M): rows of M = 17
+        ((2048, 17), (17, 2048), False, 17),  # a's rows are K = 17 long
+        ((2048, 17), (2048, 2048), True, 17),  # a stored (K, M): rows of M = 17
     ],
     ids=str,
 )
@@ -234,9 +234,9 @@ def test_wgmma_float32_takes_every_layout_but_3xtf32_with_both_mn_major(precisio
     if _ffi.cuda_compute_capability() != _ffi.HOPPER:
         pytest.skip("wgmma needs a Hopper GPU")
     for transpose_a, transpose_b in ((False, False), (False, True), (True, True)):
-        problem = (1, 1, 256, 256, 256, transpose_a, transpose_b)
+        problem = (1, 1, 256, 256, 1024, transpose_a, transpose_b)
         assert _ffi.refusal("cuda", "wgmma", np.float32, np.float32, problem, precision) == ""
-    both_mn_major = (1, 1, 256, 256, 256, True, False)
+    both_mn_major = (1, 1, 256, 256, 1024, True, False)  # K too deep for a small product
     why = _ffi.refusal("cuda", "wgmma", np.float32, np.float32, both_mn_major, precision)
     kernel, reason, plan = _ffi.cuda_explain("float32", "float32", both_mn_major, 132, precision)
     if precision == "default":
@@ -252,6 +252,33 @@ def test_wgmma_float32_takes_every_layout_but_3xtf32_with_both_mn_major(precisio
 
 
 @needs_cuda_module
+@needs_cuda_module
+@pytest.mark.parametrize(
+    "dtype,problem,precision,small",
+    [
+        ("bfloat16", (1, 1, 64, 64, 64, False, False), "default", True),
+        ("bfloat16", (1, 1, 256, 256, 256, False, False), "default", True),
+        ("float16", (1, 1, 512, 512, 512, True, True), "default", True),  # 64 tiles, 1 KB rows
+        ("bfloat16", (1, 1, 768, 768, 768, False, False), "default", False),  # 144 tiles
+        ("bfloat16", (1, 1, 256, 256, 520, False, False), "default", False),  # rows past 1 KB
+        ("bfloat16", (8, 8, 256, 256, 256, False, False), "default", False),  # 128 tiles
+        ("float32", (1, 1, 256, 256, 256, True, False), "default", True),
+        ("float32", (1, 1, 384, 384, 384, False, False), "default", False),  # 1.5 KB rows
+        ("float32", (1, 1, 128, 128, 128, False, False), "high", False),  # 3xTF32: not measured
+    ],
+    ids=str,
+)
+def test_cuda_auto_runs_small_products_on_mma(dtype, problem, precision, small):
+    """On a Hopper GPU, auto runs a product on mma's 64 x 64 tiles where they
+    take at most half the SMs and a row of A is at most 1 KB (NOTES.md, "Small
+    products"), and on wgmma otherwise."""
+    if _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        pytest.skip("the rule chooses between mma and the Hopper kernel")
+    kernel, reason, _ = _ffi.cuda_explain(dtype, dtype, problem, 132, precision)
+    assert kernel == ("mma" if small else "wgmma"), (kernel, reason)
+    assert ("a small product" in reason) == small, reason
+
+
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)], ids=str)
 def test_cuda_auto_float32_by_precision(shape):
     """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT kernel; the

@@ -345,26 +345,35 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
 def test_which_products_copy_b_k_major_first(monkeypatch):
     """The lowering's rule, without a GPU: only auto's float32 tensor-core
     products (DEFAULT, HIGH) with both operands MN-major, on CUDA, on a Hopper
-    GPU."""
+    GPU, where auto runs them on wgmma (not a small product)."""
     from jax_tiled._lowering import copies_b_k_major
 
     D, H = lax.Precision.DEFAULT, lax.Precision.HIGH
+    weight_gradient = (1, 1, 1024, 1024, 4096, True, False)
     monkeypatch.setattr(_ffi, "cuda_compute_capability", lambda: _ffi.HOPPER)
-    assert copies_b_k_major("cuda", "auto", F32, D, True, False)
-    assert copies_b_k_major("cuda", "auto", F32, H, True, False)
+    assert copies_b_k_major("cuda", "auto", F32, F32, D, weight_gradient)
+    assert copies_b_k_major("cuda", "auto", F32, F32, H, weight_gradient)
     for case in [
-        ("cuda", "auto", F32, lax.Precision.HIGHEST, True, False),  # SIMT reads any layout
-        ("cuda", "wgmma", F32, D, True, False),  # a forced kernel: as stored
-        ("cuda", "auto", np.dtype(jnp.bfloat16), D, True, False),  # 16-bit wgmma reads MN-major B
-        ("cpu", "auto", F32, D, True, False),
+        ("cuda", "auto", F32, F32, lax.Precision.HIGHEST, weight_gradient),  # SIMT: any layout
+        ("cuda", "wgmma", F32, F32, D, weight_gradient),  # a forced kernel: as stored
+        (
+            "cuda",
+            "auto",
+            np.dtype(jnp.bfloat16),
+            F32,
+            D,
+            weight_gradient,
+        ),  # 16-bit wgmma: MN-major B
+        ("cpu", "auto", F32, F32, D, weight_gradient),
+        ("cuda", "auto", F32, F32, D, (1, 1, 128, 128, 128, True, False)),  # small: mma
         *[
-            ("cuda", "auto", F32, D, ta, tb)
+            ("cuda", "auto", F32, F32, D, (*weight_gradient[:5], ta, tb))
             for ta, tb in [(False, False), (False, True), (True, True)]
         ],
     ]:
         assert not copies_b_k_major(*case), case
     monkeypatch.setattr(_ffi, "cuda_compute_capability", lambda: 80)  # mma reads every layout
-    assert not copies_b_k_major("cuda", "auto", F32, D, True, False)
+    assert not copies_b_k_major("cuda", "auto", F32, F32, D, weight_gradient)
 
 
 @pytest.mark.gpu
@@ -378,8 +387,8 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
         pytest.skip("wgmma needs a Hopper GPU")
     weight_gradient = (((0,), (0,)), ((), ()))
 
-    def transposes(kernel="auto", dtype=F32, precision=precision):
-        a, b = jax.ShapeDtypeStruct((200, 136), dtype), jax.ShapeDtypeStruct((200, 72), dtype)
+    def transposes(kernel="auto", dtype=F32, precision=precision, k=600):
+        a, b = jax.ShapeDtypeStruct((k, 136), dtype), jax.ShapeDtypeStruct((k, 72), dtype)
         product = jax.jit(
             lambda a, b: jax_tiled.dot_general(
                 a, b, weight_gradient, precision=precision, kernel=kernel
@@ -388,6 +397,7 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
         return "stablehlo.transpose" in product.lower(a, b).as_text()
 
     assert transposes()
+    assert not transposes(k=200)  # a small product: auto runs it on mma, which reads b as stored
     assert not transposes(kernel="mma")
     assert not transposes(dtype=jnp.bfloat16)
     assert not transposes(precision=lax.Precision.HIGHEST)
@@ -402,7 +412,7 @@ def test_wgmma_float32_with_both_operands_mn_major(rng, on_gpu, precision):
     is refused for it, and 'auto' runs it on 'mma'."""
     if "wgmma" not in tensor_core_kernels():
         pytest.skip("wgmma needs a Hopper GPU")
-    m, n, k = 136, 72, 200
+    m, n, k = 136, 72, 600  # K too deep for a small product (auto's mma)
     a, b, a_op, b_op = operands(rng, m, n, k, True, False)
     rewrites_b = precision == lax.Precision.DEFAULT
     kernel, reason, _ = _ffi.cuda_explain(

@@ -1,5 +1,6 @@
 #include "cuda/auto.h"
 
+#include <cstdint>
 #include <string>
 
 namespace jax_tiled::cuda {
@@ -8,6 +9,23 @@ namespace {
 const KernelDescriptor& Kernel(const char* name) { return *FindKernel(name); }
 
 bool IsSixteenBit(Dtype t) { return t == Dtype::kF16 || t == Dtype::kBF16; }
+
+// A product too small for the Hopper kernel's 128-wide tiles to pay: mma's
+// tiles of C (64 x 64 here) take at most half the SMs, all at once, and a row
+// of A (a column of B) is at most 1 KB, where mma's pipeline is short. There
+// wgmma runs one 128 x 128 tile per SM or splits K across a cluster, whose
+// reduction costs more than the product: 256^3 bfloat16 took 8.5 us on
+// wgmma, 5.7 on mma (NOTES.md, "Small products"). DEFAULT and 16-bit only:
+// 3xTF32 was not measured.
+constexpr int64_t kSmallRowBytes = 1024;
+
+bool SmallForMma(const Product& p, const LaunchPlan& mma_plan, const DeviceFacts& device) {
+  const MatmulDims& d = p.dims;
+  const int64_t tiles = d.batch * ((d.m + mma_plan.block_m - 1) / mma_plan.block_m) *
+                        ((d.n + mma_plan.block_n - 1) / mma_plan.block_n);
+  const int64_t row_bytes = d.k * (IsSixteenBit(p.in_type) ? 2 : 4);
+  return !p.SplitsTf32() && tiles <= device.multiprocessors / 2 && row_bytes <= kSmallRowBytes;
+}
 
 // "16-bit inputs", or how float32 runs on the tensor cores at this precision.
 std::string TensorCoreInputs(const Product& p) {
@@ -44,6 +62,13 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   const int cc = device.compute_capability;
   const bool tf32 = p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
+    if (cc == 90 && !Refusal(mma, p, cc) && SmallForMma(p, mma.plan(p, device), device))
+      return choose(mma, [&] {
+        return TensorCoreInputs(p) +
+               ", a small product: mma.sync's tiles take at most half the SMs and K is short, "
+               "where wgmma's 128-wide tiles would leave one SM a tile or split K across a "
+               "cluster, whose reduction costs more than the product";
+      });
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
         const LaunchPlan plan = wgmma.plan(p, device);
