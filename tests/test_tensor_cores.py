@@ -120,7 +120,8 @@ def test_jit_grad_vmap_through_every_kernel(rng):
 def test_auto_picks_wgmma_where_the_copy_engine_reads_and_mma_elsewhere():
     S = jax.ShapeDtypeStruct
     aligned = jax_tiled.explain(S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16))
-    odd = jax_tiled.explain(S((33, 17), jnp.bfloat16), S((17, 65), jnp.bfloat16))
+    # Not a small product (which auto runs on mma whatever the layout).
+    odd = jax_tiled.explain(S((2048, 17), jnp.bfloat16), S((17, 2048), jnp.bfloat16))
     skinny = jax_tiled.explain(S((11400, 136), jnp.bfloat16), S((136, 40), jnp.bfloat16))
     # TF32 computes C^T = B^T A^T for a @ b: a's 40 rows are its 40 columns.
     skinny_tf32 = jax_tiled.explain(S((40, 200), jnp.float32), S((200, 11400), jnp.float32))
