@@ -164,6 +164,18 @@ def test_result_dtypes(bf16_path, rng, out_dtype):
             np.testing.assert_allclose(out, exact, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("out_dtype", [BF16, F16])
+@pytest.mark.parametrize("m,n,k", [(300, 520, 64), (70, 300, 1024), (40, 90, 1025)], ids=str)
+def test_16_bit_results_are_the_float32_results_rounded(bf16_path, rng, out_dtype, m, n, k):
+    """A 16-bit result is rounded from the float32 sums block by block, as each
+    block's last slab ends (kernel_impl.h, RunTile): with K in one slab from
+    a reused block of accumulators, with K past one slab from the tile's.
+    Every element is its float32 result rounded, past block and tile edges."""
+    a, b, _, _ = operands(rng, m, n, k, False, False, BF16)
+    wide = run(a, b, out_dtype=F32)
+    np.testing.assert_array_equal(run(a, b, out_dtype=out_dtype), wide.astype(out_dtype))
+
+
 def test_zero_size_dimensions(bf16_path):
     for m, k, n in [(0, 5, 3), (4, 5, 0), (4, 0, 3)]:
         out = jax_tiled.matmul(jnp.ones((m, k), jnp.bfloat16), jnp.ones((k, n), jnp.bfloat16))

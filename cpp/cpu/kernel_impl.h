@@ -374,18 +374,29 @@ template <class P, class Out>
 constexpr bool kWritesOutput = std::is_same_v<Out, typename P::acc_type>;
 
 // Scratch layout: packed A slab (rows padded x ks), packed B block (ks x nc),
-// and, when the output is not the accumulator type, an accumulator tile.
+// and, when the output is not the accumulator type, accumulators: the whole
+// tile's where K takes several slabs (a block's sum continues across them),
+// one block's (at most MC x NC), reused, where K fits one slab.
 template <class P>
 constexpr int64_t kPackedSlab = RoundUp(P::kKs, P::kDepthUnit);
 
 template <class P, class Out>
-size_t ScratchBytes(int64_t rows, int64_t cols) {
+size_t ScratchBytes(int64_t rows, int64_t cols, int64_t depth) {
   using Acc = typename P::acc_type;
   using Packed = typename P::packed_type;
   size_t bytes = Align64(RoundUp(rows, P::kMr) * kPackedSlab<P> * sizeof(Packed)) +
                  Align64(kPackedSlab<P> * P::kNc * sizeof(Packed));
-  if (!kWritesOutput<P, Out>) bytes += Align64(rows * cols * sizeof(Acc));
+  const int64_t accumulators =
+      depth <= P::kKs ? Min(P::kMc, rows) * Min(P::kNc, cols) : rows * cols;
+  if (!kWritesOutput<P, Out>) bytes += Align64(accumulators * sizeof(Acc));
   return bytes;
+}
+
+// out[rows x cols] = c rounded to Out: a C block whose sum over K is complete.
+template <class Out, class Acc>
+void StoreBlock(const Acc* c, int64_t ldc, Out* out, int64_t ld_out, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * ld_out + j] = Store<Out>(c[i * ldc + j]);
 }
 
 template <class P, class In, class Out>
@@ -405,13 +416,18 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
   const In* a = static_cast<const In*>(op.a) + t.batch * op.a_batch_stride + t.i0 * op.a_row;
   const In* b = static_cast<const In*>(op.b) + t.batch * op.b_batch_stride + t.j0 * op.b_col;
   Out* out = static_cast<Out*>(op.out) + t.batch * op.out_batch_stride + t.i0 * op.ldc + t.j0;
-  // Same-type results accumulate in place in the output; others in scratch.
+  // Same-type results accumulate in place in the output; others in scratch,
+  // and are rounded to Out block by block as each block's last slab ends,
+  // while the block is still in cache: with one slab (short K) its
+  // accumulators are one block's, so a bfloat16 8192x64x8192 no longer
+  // writes a float32 copy of C to memory and reads it back (NOTES.md).
+  const bool block_accumulators = !kWritesOutput<P, Out> && op.k <= KS;
   Acc* c;
   int64_t ldc;
   if constexpr (kWritesOutput<P, Out>) {
     c = out, ldc = op.ldc;
   } else {
-    c = reinterpret_cast<Acc*>(bytes), ldc = t.cols;
+    c = reinterpret_cast<Acc*>(bytes), ldc = block_accumulators ? Min(NC, t.cols) : t.cols;
   }
 
   [[maybe_unused]] const typename P::Scope scope;
@@ -424,6 +440,7 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
       P::PackB(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, ks, bpack);
       for (int64_t i0 = 0; i0 < t.rows; i0 += MC) {
         const int64_t i_end = Min(i0 + MC, t.rows);
+        Acc* const block = block_accumulators ? c : c + i0 * ldc + j0;
         for (int64_t p = 0; p < ksp; p += KC) {
           const int64_t kc = Min(KC, ksp - p);
           const bool accumulate = k0 > 0 || p > 0;
@@ -433,7 +450,7 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
             for (int64_t j = 0; j < nc; j += NR) {
               const int64_t live_cols = Min<int64_t>(NR, nc - j);
               const Packed* bj = bpack + j * ksp + p * NR;
-              Acc* cij = c + i * ldc + j0 + j;
+              Acc* cij = block + (i - i0) * ldc + j;
               if (live_rows == MR && live_cols == NR) {
                 P::Full(kc, ai, bj, cij, ldc, accumulate);
                 continue;
@@ -450,13 +467,11 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
             }
           }
         }
+        if constexpr (!kWritesOutput<P, Out>)
+          if (k0 + KS >= op.k)  // the block's last slab: its sums are complete
+            StoreBlock(block, ldc, out + i0 * op.ldc + j0, op.ldc, i_end - i0, nc);
       }
     }
-  }
-
-  if constexpr (!kWritesOutput<P, Out>) {
-    for (int64_t i = 0; i < t.rows; ++i)
-      for (int64_t j = 0; j < t.cols; ++j) out[i * op.ldc + j] = Store<Out>(c[i * ldc + j]);
   }
 }
 
@@ -487,7 +502,7 @@ struct Kernels {
       VisitStorage(op.out_type, [&](auto out) {
         using In = decltype(in);
         using Out = decltype(out);
-        bytes = ScratchBytes<PathFor<In, Out>, Out>(rows, cols);
+        bytes = ScratchBytes<PathFor<In, Out>, Out>(rows, cols, op.k);
       });
     });
     return bytes;
@@ -528,7 +543,8 @@ struct Bf16Kernels {
   }
   static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
     size_t bytes = 0;
-    VisitOut(op.out_type, [&](auto out) { bytes = ScratchBytes<P, decltype(out)>(rows, cols); });
+    VisitOut(op.out_type,
+             [&](auto out) { bytes = ScratchBytes<P, decltype(out)>(rows, cols, op.k); });
     return bytes;
   }
   static void Run(const Operands& op, const Tile& tile, void* scratch) {
