@@ -147,15 +147,16 @@ def _read_as_stored(value, aval, transposed: bool):
 
 def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, problem) -> bool:
     """Whether the call takes b through XLA's transpose (stored (n, k)) before
-    the kernel: for `auto` where it would run the product (batch_a, batch_b,
-    m, n, k, transpose_a, transpose_b) with b so copied on `wgmma` (on a
-    Hopper GPU, not a small product), for float32 on the tensor cores (DEFAULT, HIGH) with a stored
-    (k, m) and b stored (k, n), the weight gradient's layout. TF32 `wgmma`
-    reads its shared-memory operand K-major only; as stored, it rewrites every
-    B slab in shared memory on 128 x 128 tiles (one TF32 pass; 3xTF32 not at
-    all), 0.77 ms at 4096^3 on an H100 against 0.46 ms for the transpose and
-    the product on b K-major (cpp/cuda/NOTES.md, "The weight gradient's layout
-    on TF32 wgmma"). A forced kernel runs the layout as given."""
+    the kernel: for `auto`, float32 on the tensor cores (DEFAULT, HIGH) with a
+    stored (k, m) and b stored (k, n), the weight gradient's layout, where
+    auto would run the product so copied on `wgmma` (a Hopper GPU, not a
+    small product; `problem` is (batch_a, batch_b, m, n, k, transpose_a,
+    transpose_b)). TF32 `wgmma` reads its shared-memory operand K-major only;
+    as stored, it rewrites every B slab in shared memory on 128 x 128 tiles
+    (one TF32 pass; 3xTF32 not at all), 0.77 ms at 4096^3 on an H100 against
+    0.46 ms for the transpose and the product on b K-major (cpp/cuda/NOTES.md,
+    "The weight gradient's layout on TF32 wgmma"). A forced kernel runs the
+    layout as given."""
     transpose_a, transpose_b = problem[-2:]
     if not (
         platform == "cuda"
