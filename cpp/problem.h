@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "precision.h"
+#include "stack_slice.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_tiled {
@@ -19,10 +20,13 @@ namespace ffi = xla::ffi;
 //   b: (batch_b, k, n), or (batch_b, n, k) when transpose_b
 //   out: (batch, m, n)
 // batch_a and batch_b are 1 or batch; a batch of 1 is broadcast through a zero
-// batch stride. Every size and offset is 64-bit.
+// batch stride. Either operand may be one slice of a stack (count, batch_x,
+// rows, cols), chosen by an index the kernel reads (stack_slice.h). Every
+// size and offset is 64-bit.
 struct MatmulProblem {
   int64_t batch = 0, m = 0, n = 0, k = 0;
   int64_t a_batch_stride = 0, b_batch_stride = 0, out_batch_stride = 0;
+  StackSlice a_stack, b_stack;
   bool transpose_a = false, transpose_b = false;
   ffi::DataType in_type = ffi::DataType::INVALID;
   ffi::DataType out_type = ffi::DataType::INVALID;
@@ -79,17 +83,57 @@ inline ffi::Unexpected<ffi::Error> Invalid(const std::string& what) {
 }
 }  // namespace detail
 
-inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(const ffi::AnyBuffer& a,
-                                                     const ffi::AnyBuffer& b,
-                                                     const ffi::AnyBuffer& out, bool transpose_a,
-                                                     bool transpose_b, Precision precision,
-                                                     std::string_view kernel) {
+// A stacked operand's (count, batch, rows, cols) as the (batch, rows, cols)
+// of its slices, with the stack and its index (the next of `indices`, an
+// int32 scalar); a rank-3 operand as itself.
+struct OperandView {
+  ffi::AnyBuffer::Dimensions dims;
+  StackSlice stack;
+};
+
+inline ffi::ErrorOr<OperandView> ViewOperand(const char* name, const ffi::AnyBuffer& x,
+                                             const ffi::RemainingArgs& indices, size_t* next) {
   using detail::Dims;
   using detail::Invalid;
-  auto ad = a.dimensions(), bd = b.dimensions(), od = out.dimensions();
-  if (ad.size() != 3 || bd.size() != 3 || od.size() != 3)
-    return Invalid("operands and result must have rank 3, got a" + Dims(ad) + ", b" + Dims(bd) +
-                   ", out" + Dims(od));
+  const ffi::AnyBuffer::Dimensions d = x.dimensions();
+  if (d.size() == 3) return OperandView{d, {}};
+  if (d.size() != 4)
+    return Invalid(std::string(name) + " must have rank 3, or 4 as a stack of slices, got " + name +
+                   Dims(d));
+  auto index = indices.get<ffi::AnyBuffer>((*next)++);
+  if (index.has_error())
+    return Invalid(std::string("the stack ") + name + Dims(d) + " has no index argument");
+  if (index->element_type() != ffi::DataType::S32 || index->dimensions().size() != 0)
+    return Invalid(std::string("the index of the stack ") + name + Dims(d) +
+                   " must be an int32 scalar, got shape " + Dims(index->dimensions()));
+  if (d[0] < 1) return Invalid(std::string("the stack ") + name + Dims(d) + " is empty");
+  StackSlice stack;
+  stack.index = static_cast<const int32_t*>(index->untyped_data());
+  stack.count = d[0];
+  stack.stride = d[1] * d[2] * d[3];
+  return OperandView{d.last(3), stack};
+}
+
+// `indices` are the handler's remaining arguments: one int32 scalar per
+// stacked (rank-4) operand, a's first.
+inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(const ffi::AnyBuffer& a,
+                                                     const ffi::AnyBuffer& b,
+                                                     const ffi::AnyBuffer& out,
+                                                     const ffi::RemainingArgs& indices,
+                                                     bool transpose_a, bool transpose_b,
+                                                     Precision precision, std::string_view kernel) {
+  using detail::Dims;
+  using detail::Invalid;
+  size_t next_index = 0;
+  const auto a_view = ViewOperand("a", a, indices, &next_index);
+  if (a_view.has_error()) return ffi::Unexpected<ffi::Error>(a_view.error());
+  const auto b_view = ViewOperand("b", b, indices, &next_index);
+  if (b_view.has_error()) return ffi::Unexpected<ffi::Error>(b_view.error());
+  if (next_index != indices.size())
+    return Invalid(std::to_string(indices.size()) + " index arguments for " +
+                   std::to_string(next_index) + " stacked operands");
+  auto ad = a_view->dims, bd = b_view->dims, od = out.dimensions();
+  if (od.size() != 3) return Invalid("the result must have rank 3, got out" + Dims(od));
   for (auto t : {a.element_type(), b.element_type(), out.element_type()})
     if (!IsSupportedFloat(t))
       return Invalid("dtypes must be float16, bfloat16, float32 or float64");
@@ -120,6 +164,8 @@ inline ffi::ErrorOr<MatmulProblem> MakeMatmulProblem(const ffi::AnyBuffer& a,
   p.out_type = out.element_type();
   p.precision = precision;
   p.kernel = kernel;
+  p.a_stack = a_view->stack;
+  p.b_stack = b_view->stack;
   return p;
 }
 

@@ -62,6 +62,13 @@ from jax._src.interpreters.partial_eval import Offloadable, Recompute
 from jax._src.lax.lax import _convert_element_type as convert_keeping_weak_type
 
 
+def lowers_for_one_device(ctx) -> bool:
+    """Whether a lowering rule's program runs on one device, unpartitioned: a
+    `ShardingContext` of one device (a manual `shard_map` body has an
+    `SPMDAxisContext`, which has no `num_devices`)."""
+    return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
+
+
 def require_devices_during_lowering(primitive) -> None:
     """Asks jit to pass the device assignment to `primitive`'s lowering rule."""
     prim_requires_devices_during_lowering.add(primitive)

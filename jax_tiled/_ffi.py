@@ -59,6 +59,9 @@ class KernelFacts:
     true_fp32: bool  # float32 at precision HIGHEST; else TF32 (DEFAULT) or 3xTF32 (HIGH)
     min_capability: int  # CUDA compute capability, major * 10 + minor (0 on CPU)
     hopper_only: bool  # sm_90a instructions: compute capability 9.0 exactly
+    # Reads an operand given as a slice of a stack (cpp/stack_slice.h) in place;
+    # for the others the CUDA handler copies the slice out first.
+    stack_slices: bool
     inputs: tuple[str, ...]  # the operand dtypes it computes (numpy names)
     outputs: tuple[str, ...]  # the result dtypes it writes
     # CPU: the paths bfloat16 inputs (into a non-float64 result) can take, preferred

@@ -50,19 +50,27 @@ class Product:
     out_dtype: np.dtype
     precision: int  # the FFI attribute's code (_ffi.PRECISION_CODES)
     kernel: str
+    # Operands passed as (stack, batch, rows, cols) and an int32 index each
+    # (`_stacked_source`), a's first.
+    a_stacked: bool = False
+    b_stacked: bool = False
 
 
-def ffi_product(a, b, product: Product, out_dtype):
+def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
     """The FFI call on canonical operands (batch of 1 or B; see _canonical),
-    into `out_dtype`, with its attributes as explicit numpy scalars. On CUDA
-    the operands pass an optimization barrier first: XLA's dynamic-slice
+    or stacks of them with their indices, into `out_dtype`, with its
+    attributes as explicit numpy scalars. On CUDA the operands pass an
+    optimization barrier first: XLA's dynamic-slice
     fusion would otherwise wrap a call whose operand is a slice, such as
     `ws[i]` in a `lax.scan` over stacked weights, in a thunk that computes the
     slice's offset on the host at every step, which cost 8 us a call on an
     H100, where copying the slice costs one small kernel (cpp/cuda/NOTES.md,
     "Small products in lax.scan")."""
     batch, m, n, _ = _canonical.problem_dims(
-        a.shape, b.shape, product.transpose_a, product.transpose_b
+        a.shape[product.a_stacked :],
+        b.shape[product.b_stacked :],
+        product.transpose_a,
+        product.transpose_b,
     )
     if product.target == _ffi.TARGETS["cuda"]:
         a, b = lax.optimization_barrier((a, b))
@@ -70,6 +78,7 @@ def ffi_product(a, b, product: Product, out_dtype):
     return call(
         a,
         b,
+        *stack_indices,
         transpose_a=np.bool_(product.transpose_a),
         transpose_b=np.bool_(product.transpose_b),
         precision=np.int32(product.precision),
@@ -98,23 +107,28 @@ def _static_shape(value) -> list[int] | None:
     return None if any(ir.ShapedType.is_dynamic_size(d) for d in shape) else shape
 
 
-def _swapped_source(value):
-    """If `value` (B, Y, X) is an array (..., X, Y) with its last two axes
-    swapped (a transpose, maybe behind a reshape that only merges or adds
-    leading axes, as `matmul` reaches the canonical form), that array; else None."""
+def _leading_axes_merged(value):
+    """`value` with reshapes that only add, drop or merge its leading axes (as
+    `matmul` reaches the canonical form) looked through."""
     shape = _static_shape(value)
     op = _defining_op(value)
-    if shape is None or op is None:
-        return None
-    if op.name == "stablehlo.reshape":
+    while op is not None and op.name == "stablehlo.reshape":
         inner = op.operands[0]
         inner_shape = _static_shape(inner)
         if inner_shape is None or len(inner_shape) < 2 or inner_shape[-2:] != shape[-2:]:
-            return None
-        op = _defining_op(inner)
-        if op is None:
-            return None
-    if op.name != "stablehlo.transpose":
+            break
+        value, op = inner, _defining_op(inner)
+    return value
+
+
+def _swapped_source(value):
+    """If `value` (B, Y, X) is an array (..., X, Y) with its last two axes
+    swapped (a transpose, maybe behind reshapes of its leading axes), that
+    array; else None."""
+    if _static_shape(value) is None:
+        return None
+    op = _defining_op(_leading_axes_merged(value))
+    if op is None or op.name != "stablehlo.transpose":
         return None
     rank = len(ir.RankedTensorType(op.operands[0].type).shape)
     swap_last = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -143,6 +157,70 @@ def _read_as_stored(value, aval, transposed: bool):
     if source.type != folded_type:
         source = stablehlo.reshape(folded_type, source)
     return source, aval.update(shape=(batch, cols, rows)), not transposed
+
+
+def _stacked_source(value, aval):
+    """If the canonical operand `value` (B, Y, X) is one slice of an array
+    (L, ..., Y, X) along its leading axis with a static index (`ws[3]`, a
+    `stablehlo.slice` taking the whole of every other axis), maybe behind
+    reshapes of its leading axes: that array reshaped to (L, B, Y, X) (free,
+    row-major) and the index as an int32 constant, for a kernel that reads the
+    slice in place where XLA would copy it first. Else None, as for dynamic
+    shapes and operands whose type carries explicit sharding.
+
+    Slices with a traced index are left to XLA. In a `lax.scan` the lowering
+    cannot see them (scan slices its inputs in a function of its own), and
+    in a `fori_loop` body read in place the loop body had one operation too
+    few for XLA to capture it into a CUDA graph (fewer than
+    `xla_gpu_graph_min_graph_size`), which cost more than the copy saves
+    (cpp/cuda/NOTES.md, "Slices of stacked weights read in place")."""
+    shape = _static_shape(value)
+    if shape is None or not _unsharded(aval):
+        return None
+    op = _defining_op(_leading_axes_merged(value))
+    if op is None or op.name != "stablehlo.slice":
+        return None
+    source = op.operands[0]
+    source_shape = _static_shape(source)
+    if source_shape is None or len(source_shape) < 3 or source_shape[-2:] != shape[-2:]:
+        return None
+    starts, limits, strides = (
+        list(ir.DenseI64ArrayAttr(op.attributes[name]))
+        for name in ("start_indices", "limit_indices", "strides")
+    )
+    whole_rest = starts[1:] == [0] * (len(starts) - 1) and limits[1:] == source_shape[1:]
+    if not (whole_rest and limits[0] - starts[0] == 1 and strides == [1] * len(strides)):
+        return None
+    stack_type = ir.RankedTensorType.get(
+        [source_shape[0], *shape], ir.RankedTensorType(value.type).element_type
+    )
+    if source.type != stack_type:
+        source = stablehlo.reshape(stack_type, source)
+    return source, mlir.ir_constant(np.int32(starts[0]))
+
+
+def reads_stacks_in_place(platform, kernel, operand_dtype, product_dtype, precision, problem):
+    """Whether the kernel that runs `problem` (as copies_b_k_major takes it)
+    reads an operand given as a slice of a stack in place: the table's
+    `stack_slices` of the forced kernel, or of auto's choice (unknown, so
+    False, for symbolic dimensions under `jax.export`). The CUDA handler
+    would gather the slice for the other kernels, a kernel launch in place of
+    XLA's copy (a memcpy node in a CUDA graph) and no faster: those slices are
+    left to XLA."""
+    table = {k.name: k for k in _ffi.kernel_table(platform)}
+    if kernel == "auto":
+        if platform != "cuda":
+            return all(k.stack_slices for k in table.values())
+        if not all(isinstance(d, (int, np.integer)) for d in problem[:5]):
+            return False
+        kernel, _, _ = _ffi.cuda_explain(
+            np.dtype(operand_dtype).name,
+            np.dtype(product_dtype).name,
+            problem,
+            _ffi.cuda_multiprocessors(),
+            precision,
+        )
+    return kernel in table and table[kernel].stack_slices
 
 
 def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, problem) -> bool:
@@ -226,6 +304,21 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
 
     wide = _presets.needs_x64(run)
 
+    # Slices of stacked arrays read in place: on one device only (a stack's
+    # sharding is the partitioner's business), where the operand's dtype is
+    # the kernel's (a cast would convert the whole stack), and where the
+    # kernel reads it so.
+    stacks = [None, None]
+    if not wide and _compat.lowers_for_one_device(ctx):
+        for i, (value, aval) in enumerate(zip((a, b), ctx.avals_in)):
+            if np.dtype(aval.dtype) == run.operand_dtype and not (i == 1 and copy_b):
+                stacks[i] = _stacked_source(value, aval)
+    problem = (*batches, m, n, k, transpose_a, transpose_b)
+    if stacks != [None, None] and reads_stacks_in_place(
+        platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
+    ):
+        return _lower_stacked(ctx, a, b, stacks, product, out_aval)
+
     def partitioned(a, b):
         with jax.named_scope("tiled_matmul"):  # what profiles and HLO dumps name the call
             a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
@@ -245,22 +338,51 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
 
 
+def _lower_stacked(ctx, a, b, stacks, product: Product, out_aval):
+    """The bare FFI call with operands given as stacks (`_stacked_source`) and
+    their indices: one device, and the operands already in the kernel's dtype."""
+    operands, avals, indices = [], [], []
+    for value, aval, stack in zip((a, b), ctx.avals_in, stacks):
+        if stack is None:
+            operands.append(value)
+            avals.append(aval)
+        else:
+            source, index = stack
+            operands.append(source)
+            avals.append(aval.update(shape=tuple(ir.RankedTensorType(source.type).shape)))
+            indices.append(index)
+    product = dataclasses.replace(
+        product, a_stacked=stacks[0] is not None, b_stacked=stacks[1] is not None
+    )
+    index_avals = [jax.core.ShapedArray((), np.int32)] * len(indices)
+
+    def call(a, b, *indices):
+        with jax.named_scope("tiled_matmul"):
+            out = ffi_product(a, b, product, product.out_dtype, *indices)
+            return lax.convert_element_type(out, out_aval.dtype)
+
+    (out,) = mlir.lower_fun(call, multiple_results=False)(
+        ctx.replace(avals_in=[*avals, *index_avals]), *operands, *indices
+    )
+    return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
+
+
 def register(primitive) -> None:
     """Registers `primitive`'s lowering on every platform whose module loaded."""
     _ffi.load_all()
     # custom_partitioning's lowering needs the device assignment, which jit only
     # hands to lowering rules of primitives that declare they need it.
     _compat.require_devices_during_lowering(primitive)
-    # Where transposes are folded the lowering is not cached: a cached lowering
-    # sees its operands as arguments of a function of its own, so
-    # _read_as_stored could not see their producers.
+    # The lowering is not cached: a cached lowering sees its operands as
+    # arguments of a function of its own, so _read_as_stored and
+    # _stacked_source could not see their producers.
     platforms = ["cpu", "cuda"] if _ffi.cuda_module_built() else ["cpu"]
     for platform in platforms:
         mlir.register_lowering(
             primitive,
             functools.partial(_lowering, platform=platform),
             platform=platform,
-            cacheable=not READS_TRANSPOSES[platform],
+            cacheable=False,
         )
 
 

@@ -202,10 +202,13 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
             )
 
 
-def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0):
+def _call_handler(
+    a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0, stack_indices=()
+):
     return jax.ffi.ffi_call("tiled_matmul_cpu", jax.ShapeDtypeStruct(out_shape, out_dtype))(
         a,
         b,
+        *stack_indices,
         transpose_a=np.bool_(False),
         transpose_b=np.bool_(False),
         precision=np.int32(precision) if isinstance(precision, int) else precision,
@@ -223,6 +226,51 @@ def _call_handler(a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precisi
         (dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 7)), "does not match"),
         (dict(a=jnp.ones((2, 3, 4)), b=jnp.ones((3, 4, 6)), out_shape=(2, 3, 6)), "must each be 1"),
         (dict(a=jnp.ones((3, 4)), b=jnp.ones((4, 6)), out_shape=(3, 6)), "rank 3"),
+        # An operand of rank 4 is a stack of slices, chosen by an int32 scalar each.
+        (
+            dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((2, 1, 4, 6)), out_shape=(1, 3, 6)),
+            r"the stack b\(2, 1, 4, 6\) has no index argument",
+        ),
+        (
+            dict(
+                a=jnp.ones((1, 3, 4)),
+                b=jnp.ones((2, 1, 4, 6)),
+                out_shape=(1, 3, 6),
+                stack_indices=(jnp.float32(0),),
+            ),
+            r"the index of the stack b\(2, 1, 4, 6\) must be an int32 scalar",
+        ),
+        (
+            dict(
+                a=jnp.ones((1, 3, 4)),
+                b=jnp.ones((2, 1, 4, 6)),
+                out_shape=(1, 3, 6),
+                stack_indices=(jnp.zeros((1,), jnp.int32),),
+            ),
+            "must be an int32 scalar, got shape \\(1,\\)",
+        ),
+        (
+            dict(
+                a=jnp.ones((1, 3, 4)),
+                b=jnp.ones((1, 4, 6)),
+                out_shape=(1, 3, 6),
+                stack_indices=(jnp.int32(0),),
+            ),
+            "1 index arguments for 0 stacked operands",
+        ),
+        (
+            dict(
+                a=jnp.ones((1, 3, 4)),
+                b=jnp.ones((0, 1, 4, 6)),
+                out_shape=(1, 3, 6),
+                stack_indices=(jnp.int32(0),),
+            ),
+            r"the stack b\(0, 1, 4, 6\) is empty",
+        ),
+        (
+            dict(a=jnp.ones((1, 1, 1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6)),
+            r"a must have rank 3, or 4 as a stack of slices, got a\(1, 1, 1, 3, 4\)",
+        ),
         (
             dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6), kernel="smem"),
             "unknown CPU kernel 'smem'",

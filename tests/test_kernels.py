@@ -431,6 +431,7 @@ def test_the_cpu_table_is_the_one_cpu_kernel():
         true_fp32=True,
         min_capability=0,
         hopper_only=False,
+        stack_slices=True,
         inputs=DTYPES,
         outputs=DTYPES,
         bf16_paths=blocked.bf16_paths,  # by build and machine: tests/test_cpu_bf16.py
@@ -460,6 +461,8 @@ def test_the_cuda_table_without_a_gpu():
     if files.is_dir():  # tests run from a checkout
         assert set(rungs) == {int(f.name.split("_")[0]) for f in files.glob("*.cu")}
     assert TENSOR_CORE_KERNELS and SIMT_KERNELS
+    # Reading a slice of a stack in place (cpp/stack_slice.h) is mma's alone.
+    assert [k.name for k in table if k.stack_slices] == ["mma"]
     for kernel in table:
         assert set(kernel.inputs) | set(kernel.outputs) <= set(DTYPES), kernel
         if kernel.tensor_cores:

@@ -288,6 +288,7 @@ def ladder_facts(name: str, true_fp32: bool, rung: int) -> _ffi.KernelFacts:
         true_fp32=true_fp32,
         min_capability=0,
         hopper_only=False,
+        stack_slices=False,
         inputs=("float32",),
         outputs=("float32",),
         rung=rung,

@@ -300,9 +300,11 @@ Dtype ToDtype(ffi::DataType t) {
 }
 
 ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
-                     ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                     Precision precision, std::string_view kernel) {
-  auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
+                     ffi::RemainingArgs stack_indices, ffi::Result<ffi::AnyBuffer> out,
+                     bool transpose_a, bool transpose_b, Precision precision,
+                     std::string_view kernel) {
+  auto problem =
+      MakeMatmulProblem(a, b, *out, stack_indices, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
   if (p.kernel != "auto" && p.kernel != kKernelName)
@@ -314,7 +316,11 @@ ffi::Error MatmulCpu(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
   }
 
   Operands op;
-  op.a = a.untyped_data(), op.b = b.untyped_data(), op.out = out->untyped_data();
+  // A stacked operand's slice, its index read here: CPU buffers are host memory.
+  const size_t in_bytes = ffi::ByteWidth(p.in_type);
+  op.a = static_cast<const char*>(a.untyped_data()) + p.a_stack.Offset() * in_bytes;
+  op.b = static_cast<const char*>(b.untyped_data()) + p.b_stack.Offset() * in_bytes;
+  op.out = out->untyped_data();
   op.in = ToDtype(p.in_type), op.out_type = ToDtype(p.out_type);
   op.m = p.m, op.n = p.n, op.k = p.k;
   op.a_batch_stride = p.a_batch_stride, op.b_batch_stride = p.b_batch_stride;
@@ -365,6 +371,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::ThreadPool>()  // XLA's intra-op pool: threads for output tiles
         .Arg<xla::ffi::AnyBuffer>()   // a: (batch_a, m, k), or (batch_a, k, m) transposed
         .Arg<xla::ffi::AnyBuffer>()   // b: (batch_b, k, n), or (batch_b, n, k) transposed
+        .RemainingArgs()              // int32 index of each operand given as a stack (L, ...)
         .Ret<xla::ffi::AnyBuffer>()   // out: (batch, m, n)
         .Attr<bool>("transpose_a")    // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")    // b is stored (batch_b, n, k)

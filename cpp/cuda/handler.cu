@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/auto.h"
+#include "cuda/blocks/gather_slice.cuh"
 #include "cuda/kernel.h"
 #include "cuda/matmul.h"
 #include "ffi_common.h"
@@ -116,10 +117,25 @@ class FfiScratch final : public Scratch {
   ffi::ScratchAllocator& allocator_;
 };
 
+// For a kernel that does not read stacks in place: the slice a StackSlice
+// chooses, copied into scratch on the stream (the index stays on the device).
+cudaError_t GatherStackSlice(const void*& operand, StackSlice& stack, Dtype in_type,
+                             const LaunchContext& context) {
+  if (!stack.stacked()) return cudaSuccess;
+  const size_t bytes = static_cast<size_t>(stack.stride) * DtypeBytes(in_type);
+  void* slice = context.scratch->Allocate(bytes, 16);
+  if (slice == nullptr) return cudaErrorMemoryAllocation;
+  const cudaError_t err = GatherSlice(operand, stack, bytes, slice, context.stream);
+  operand = slice, stack = StackSlice{};
+  return err;
+}
+
 ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
-                      ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> out, bool transpose_a,
-                      bool transpose_b, Precision precision, std::string_view kernel) {
-  auto problem = MakeMatmulProblem(a, b, *out, transpose_a, transpose_b, precision, kernel);
+                      ffi::AnyBuffer b, ffi::RemainingArgs stack_indices,
+                      ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
+                      Precision precision, std::string_view kernel) {
+  auto problem =
+      MakeMatmulProblem(a, b, *out, stack_indices, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
   const MatmulProblem& p = problem.value();
   const bool is_auto = p.kernel == "auto";
@@ -128,6 +144,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   Product product{ToDims(p), ToDtype(p.in_type), ToDtype(p.out_type), p.precision};
   product.a = a.untyped_data();
   product.b = b.untyped_data();
+  product.a_stack = p.a_stack;
+  product.b_stack = p.b_stack;
   const DeviceFacts device = CurrentDevice();
   if (forced)
     if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))
@@ -140,8 +158,15 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   const KernelChoice choice =
       forced ? KernelChoice{forced, forced->plan(product, device)} : ChooseAuto(product, device);
   FfiScratch workspace(scratch);
-  const cudaError_t err =
-      choice.kernel->launch(choice.plan, product, out->untyped_data(), {stream, &workspace});
+  const LaunchContext context{stream, &workspace};
+  cudaError_t err = cudaSuccess;
+  if (!choice.kernel->takes.stack_slices) {
+    err = GatherStackSlice(product.a, product.a_stack, product.in_type, context);
+    if (err == cudaSuccess)
+      err = GatherStackSlice(product.b, product.b_stack, product.in_type, context);
+    if (err != cudaSuccess) return CudaError("copying a slice of a stack failed", err);
+  }
+  err = choice.kernel->launch(choice.plan, product, out->untyped_data(), context);
   return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
 }
 
@@ -160,7 +185,7 @@ std::vector<KernelFacts> KernelTable() {
   for (const KernelDescriptor* k : Ladder()) {
     const Takes& t = k->takes;
     table.push_back({k->name, RungOf(*k), k->listed, t.tensor_cores, t.true_fp32, t.min_capability,
-                     t.hopper_only, DtypeNames(t.inputs), DtypeNames(t.outputs)});
+                     t.hopper_only, t.stack_slices, DtypeNames(t.inputs), DtypeNames(t.outputs)});
   }
   return table;
 }
@@ -205,6 +230,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<xla::ffi::ScratchAllocator>()              // device memory for this call's kernels
         .Arg<xla::ffi::AnyBuffer>()  // a: (batch_a, m, k), or (batch_a, k, m) transposed
         .Arg<xla::ffi::AnyBuffer>()  // b: (batch_b, k, n), or (batch_b, n, k) transposed
+        .RemainingArgs()             // int32 index of each operand given as a stack (L, ...)
         .Ret<xla::ffi::AnyBuffer>()  // out: (batch, m, n)
         .Attr<bool>("transpose_a")   // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")   // b is stored (batch_b, n, k)

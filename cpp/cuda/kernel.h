@@ -24,6 +24,7 @@
 #include "cuda/blocks/common.cuh"
 #include "cuda/kernel_names.h"
 #include "precision.h"
+#include "stack_slice.h"
 
 namespace jax_tiled::cuda {
 
@@ -41,6 +42,8 @@ constexpr const char* DtypeName(Dtype t) {
   }
   return "an unknown dtype";
 }
+
+constexpr size_t DtypeBytes(Dtype t) { return t == Dtype::kF64 ? 8 : t == Dtype::kF32 ? 4 : 2; }
 
 // What the planners and refusals need to know of the GPU. The defaults are an
 // H100's, taken where the driver cannot say and where explain plans without a
@@ -62,6 +65,10 @@ struct Product {
   Precision precision;
   const void* a = nullptr;
   const void* b = nullptr;
+  // An operand that is a slice of a stack: `a` or `b` is the stack's start
+  // (stack_slice.h). Kernels whose Takes say stack_slices read it so; the
+  // handler gathers the slice for the others.
+  StackSlice a_stack, b_stack;
 
   // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.
   bool SplitsTf32() const { return in_type == Dtype::kF32 && precision == Precision::kHigh; }
@@ -193,6 +200,10 @@ struct Takes {
   bool hopper_only = false;       // arch-specific sm_90a instructions: 9.0 exactly
   const char* dtype_reason = "";  // why inputs/outputs are limited, for the refusal
   bool tensor_cores = false;      // computes on the tensor cores (mma.sync, wgmma)
+  // Reads an operand given as a slice of a stack in place (MatmulDims'
+  // StackSlice, the index read on the device); for other kernels the handler
+  // copies the slice out first.
+  bool stack_slices = false;
 
   constexpr bool TakesDtypes(Dtype in, Dtype out) const {
     return (inputs & DtypeBits(in)) && (outputs & DtypeBits(out));

@@ -21,6 +21,7 @@ struct KernelFacts {
   bool true_fp32;      // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
   int min_capability;  // major * 10 + minor
   bool hopper_only;    // sm_90a instructions: capability 9.0 exactly
+  bool stack_slices;   // reads an operand given as a slice of a stack in place
   std::vector<std::string> inputs, outputs;  // numpy dtype names
 };
 

@@ -31,6 +31,7 @@ NB_MODULE(_cuda, m) {
           row["true_fp32"] = k.true_fp32;
           row["min_capability"] = k.min_capability;
           row["hopper_only"] = k.hopper_only;
+          row["stack_slices"] = k.stack_slices;
           row["inputs"] = k.inputs;
           row["outputs"] = k.outputs;
           table.append(row);

@@ -56,6 +56,7 @@
 #include "cuda/blocks/epilogue.cuh"
 #include "cuda/blocks/tf32.cuh"
 #include "cuda/kernel.h"
+#include "stack_slice.h"
 
 namespace jax_tiled::cuda {
 
@@ -455,7 +456,7 @@ template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, bool kSplit, cl
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     MmaSyncMatmul(MatmulDims dims, const typename Cfg::Input* __restrict__ a,
                   const typename Cfg::Input* __restrict__ b, Out* __restrict__ out,
-                  bool pair_stores) {
+                  bool pair_stores, StackSlice a_stack, StackSlice b_stack) {
   using In = typename Cfg::Input;
   using TileA = MmaTileA<Cfg, kAKMajor>;
   using TileB = MmaTileB<Cfg, kBKMajor>;
@@ -482,6 +483,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
   const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
+  a += a_stack.Offset();  // an operand that is a slice of a stack: that slice
+  b += b_stack.Offset();
 
   for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
     int64_t batch, row0, col0;
@@ -553,12 +556,15 @@ inline bool MmaUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
 
 // Whether every stored row of an operand that the kernel reads starts 16-byte
 // aligned, so its slabs can move as 16-byte cp.async copies. The stride
-// between rows (or batches) is never applied when there is only one.
+// between rows (or batches, or slices of a stack) is never applied when there
+// is only one.
 template <class In>
-bool ChunkAligned(const In* p, int64_t ld, int64_t rows, int64_t batch_stride, int64_t batch) {
+bool ChunkAligned(const In* p, int64_t ld, int64_t rows, int64_t batch_stride, int64_t batch,
+                  const StackSlice& stack) {
   constexpr int64_t kChunk = 16 / sizeof(In);  // elements per 16 bytes
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (rows == 1 || ld % kChunk == 0) &&
-         (batch == 1 || batch_stride % kChunk == 0);
+         (batch == 1 || batch_stride % kChunk == 0) &&
+         (stack.count == 1 || stack.stride % kChunk == 0);
 }
 
 // Calls f(std::true_type{}) or f(std::false_type{}): a run-time flag picks a
@@ -568,15 +574,17 @@ cudaError_t WithMmaFlag(bool flag, F&& f) {
   return flag ? f(std::true_type{}) : f(std::false_type{});
 }
 
+// Operands given as slices of stacks (`a_stack`, `b_stack`) are read in place.
 template <class Cfg, bool kAKMajor, bool kBKMajor, bool kVector, bool kSplit, class Out>
 cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const typename Cfg::Input* a,
                               const typename Cfg::Input* b, Out* out, cudaStream_t stream,
-                              bool pair_stores) {
+                              bool pair_stores, const StackSlice& a_stack,
+                              const StackSlice& b_stack) {
   constexpr auto kKernel = &MmaSyncMatmul<Cfg, kAKMajor, kBKMajor, kVector, kSplit, Out>;
   constexpr int kBytes = Cfg::kStages * MmaStageBytes<Cfg, kAKMajor, kBKMajor>();
   if (const cudaError_t err = AllowSharedMemory<kKernel>(kBytes); err != cudaSuccess) return err;
   const dim3 grid = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).Grid();
-  kKernel<<<grid, Cfg::kThreads, kBytes, stream>>>(dims, a, b, out, pair_stores);
+  kKernel<<<grid, Cfg::kThreads, kBytes, stream>>>(dims, a, b, out, pair_stores, a_stack, b_stack);
   return cudaGetLastError();
 }
 
@@ -586,12 +594,13 @@ cudaError_t LaunchMmaSyncWith(const MatmulDims& dims, const typename Cfg::Input*
 // non-empty output.
 template <class In, class Out, bool kSplit = false>
 cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const In* a, const In* b,
-                          Out* out, cudaStream_t stream) {
+                          Out* out, cudaStream_t stream, const StackSlice& a_stack = {},
+                          const StackSlice& b_stack = {}) {
   static_assert(!kSplit || std::is_same_v<In, float>, "only float32 inputs are split");
   const bool vector = ChunkAligned(a, dims.lda, dims.transpose_a ? dims.k : dims.m,
-                                   dims.a_batch_stride, dims.batch) &&
+                                   dims.a_batch_stride, dims.batch, a_stack) &&
                       ChunkAligned(b, dims.ldb, dims.transpose_b ? dims.n : dims.k,
-                                   dims.b_batch_stride, dims.batch);
+                                   dims.b_batch_stride, dims.batch, b_stack);
   const bool pairs = RowsAligned(dims, out, 2 * sizeof(Out));
   return WithConfig<MmaLarge<In, kSplit>, MmaSmall<In, kSplit>>(plan, [&](auto cfg) {
     using Cfg = decltype(cfg);
@@ -600,14 +609,18 @@ cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const 
         return WithMmaFlag(vector, [&](auto vector_copies) {
           return LaunchMmaSyncWith<Cfg, decltype(a_k_major)::value, decltype(b_k_major)::value,
                                    decltype(vector_copies)::value, kSplit>(dims, a, b, out, stream,
-                                                                           pairs);
+                                                                           pairs, a_stack, b_stack);
         });
       });
     });
   });
 }
 
-inline constexpr Takes kMmaTakes = TensorCoreTakes(80, /*hopper_only=*/false);
+inline constexpr Takes kMmaTakes = [] {
+  Takes takes = TensorCoreTakes(80, /*hopper_only=*/false);
+  takes.stack_slices = true;
+  return takes;
+}();
 
 // The descriptor's launcher for one input type, instantiated per input in
 // its own translation unit (kernel.h, JAX_TILED_PER_INPUT_LAUNCHER).
@@ -621,8 +634,9 @@ cudaError_t LaunchMmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (std::is_same_v<In, float>)
       if (p.SplitsTf32())
         return LaunchMmaSync<In, Out, true>(plan, p.dims, a, b, static_cast<Out*>(out),
-                                            context.stream);
-    return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), context.stream);
+                                            context.stream, p.a_stack, p.b_stack);
+    return LaunchMmaSync<In, Out>(plan, p.dims, a, b, static_cast<Out*>(out), context.stream,
+                                  p.a_stack, p.b_stack);
   });
 }
 
