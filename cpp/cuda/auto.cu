@@ -19,12 +19,17 @@ bool IsSixteenBit(Dtype t) { return t == Dtype::kF16 || t == Dtype::kBF16; }
 // 3xTF32 was not measured.
 constexpr int64_t kSmallRowBytes = 1024;
 
-bool SmallForMma(const Product& p, const LaunchPlan& mma_plan, const DeviceFacts& device) {
+// The cheap tests first: a large product, on every launch, pays for no
+// refusal and no plan of mma's.
+bool SmallForMma(const Product& p, const KernelDescriptor& mma, const DeviceFacts& device) {
   const MatmulDims& d = p.dims;
-  const int64_t tiles = d.batch * ((d.m + mma_plan.block_m - 1) / mma_plan.block_m) *
-                        ((d.n + mma_plan.block_n - 1) / mma_plan.block_n);
   const int64_t row_bytes = d.k * (IsSixteenBit(p.in_type) ? 2 : 4);
-  return !p.SplitsTf32() && tiles <= device.multiprocessors / 2 && row_bytes <= kSmallRowBytes;
+  if (p.SplitsTf32() || row_bytes > kSmallRowBytes || Refusal(mma, p, device.compute_capability))
+    return false;
+  const LaunchPlan plan = mma.plan(p, device);
+  const int64_t tiles = d.batch * ((d.m + plan.block_m - 1) / plan.block_m) *
+                        ((d.n + plan.block_n - 1) / plan.block_n);
+  return tiles <= device.multiprocessors / 2;
 }
 
 // "16-bit inputs", or how float32 runs on the tensor cores at this precision.
@@ -62,7 +67,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   const int cc = device.compute_capability;
   const bool tf32 = p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
-    if (cc == 90 && !Refusal(mma, p, cc) && SmallForMma(p, mma.plan(p, device), device))
+    if (cc == 90 && SmallForMma(p, mma, device))
       return choose(mma, [&] {
         return TensorCoreInputs(p) +
                ", a small product: mma.sync's tiles take at most half the SMs and K is short, "

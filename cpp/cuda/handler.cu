@@ -105,17 +105,32 @@ DeviceFacts FactsOf(const GpuFacts& gpu) {
 }
 
 // XLA's scratch allocator as the kernels see it (kernel.h): memory that
-// lives until the stream's work of this call is done.
+// lives until the stream's work of this call is done. It remembers a refusal,
+// so that the handler can say what ran out.
 class FfiScratch final : public Scratch {
  public:
   explicit FfiScratch(ffi::ScratchAllocator& allocator) : allocator_(allocator) {}
   void* Allocate(size_t bytes, size_t alignment) override {
-    return allocator_.Allocate(bytes, alignment).value_or(nullptr);
+    void* memory = allocator_.Allocate(bytes, alignment).value_or(nullptr);
+    if (memory == nullptr) refused_bytes_ = bytes;
+    return memory;
   }
+  size_t refused_bytes() const { return refused_bytes_; }
 
  private:
   ffi::ScratchAllocator& allocator_;
+  size_t refused_bytes_ = 0;
 };
+
+// A launch's error, or what its scratch allocation was refused.
+ffi::Error LaunchError(const char* what, cudaError_t err, const FfiScratch& scratch) {
+  if (err == cudaSuccess) return ffi::Error::Success();
+  if (scratch.refused_bytes())
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "tiled_matmul: XLA's scratch allocator refused " +
+                          std::to_string(scratch.refused_bytes()) + " bytes of device memory");
+  return CudaError(what, err);
+}
 
 // For a kernel that does not read stacks in place: the slice a StackSlice
 // chooses, copied into scratch on the stream (the index stays on the device).
@@ -164,10 +179,10 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
     err = GatherStackSlice(product.a, product.a_stack, product.in_type, context);
     if (err == cudaSuccess)
       err = GatherStackSlice(product.b, product.b_stack, product.in_type, context);
-    if (err != cudaSuccess) return CudaError("copying a slice of a stack failed", err);
+    if (err != cudaSuccess) return LaunchError("copying a slice of a stack failed", err, workspace);
   }
   err = choice.kernel->launch(choice.plan, product, out->untyped_data(), context);
-  return err == cudaSuccess ? ffi::Error::Success() : CudaError("kernel launch failed", err);
+  return LaunchError("kernel launch failed", err, workspace);
 }
 
 // numpy's names of the dtypes among `bits`.
