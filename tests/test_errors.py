@@ -216,6 +216,17 @@ def _call_handler(
     )
 
 
+def _b_as_stack(b_shape, *stack_indices):
+    """a (1, 3, 4) times b of `b_shape` (a stack where it has rank 4), with
+    these index arguments."""
+    return dict(
+        a=jnp.ones((1, 3, 4)),
+        b=jnp.ones(b_shape),
+        out_shape=(1, 3, 6),
+        stack_indices=stack_indices,
+    )
+
+
 @pytest.mark.parametrize(
     "case,pattern",
     [
@@ -227,46 +238,17 @@ def _call_handler(
         (dict(a=jnp.ones((2, 3, 4)), b=jnp.ones((3, 4, 6)), out_shape=(2, 3, 6)), "must each be 1"),
         (dict(a=jnp.ones((3, 4)), b=jnp.ones((4, 6)), out_shape=(3, 6)), "rank 3"),
         # An operand of rank 4 is a stack of slices, chosen by an int32 scalar each.
+        (_b_as_stack((2, 1, 4, 6)), r"the stack b\(2, 1, 4, 6\) has no index argument"),
         (
-            dict(a=jnp.ones((1, 3, 4)), b=jnp.ones((2, 1, 4, 6)), out_shape=(1, 3, 6)),
-            r"the stack b\(2, 1, 4, 6\) has no index argument",
-        ),
-        (
-            dict(
-                a=jnp.ones((1, 3, 4)),
-                b=jnp.ones((2, 1, 4, 6)),
-                out_shape=(1, 3, 6),
-                stack_indices=(jnp.float32(0),),
-            ),
+            _b_as_stack((2, 1, 4, 6), jnp.float32(0)),
             r"the index of the stack b\(2, 1, 4, 6\) must be an int32 scalar",
         ),
         (
-            dict(
-                a=jnp.ones((1, 3, 4)),
-                b=jnp.ones((2, 1, 4, 6)),
-                out_shape=(1, 3, 6),
-                stack_indices=(jnp.zeros((1,), jnp.int32),),
-            ),
+            _b_as_stack((2, 1, 4, 6), jnp.zeros((1,), jnp.int32)),
             "must be an int32 scalar, got shape \\(1,\\)",
         ),
-        (
-            dict(
-                a=jnp.ones((1, 3, 4)),
-                b=jnp.ones((1, 4, 6)),
-                out_shape=(1, 3, 6),
-                stack_indices=(jnp.int32(0),),
-            ),
-            "1 index arguments for 0 stacked operands",
-        ),
-        (
-            dict(
-                a=jnp.ones((1, 3, 4)),
-                b=jnp.ones((0, 1, 4, 6)),
-                out_shape=(1, 3, 6),
-                stack_indices=(jnp.int32(0),),
-            ),
-            r"the stack b\(0, 1, 4, 6\) is empty",
-        ),
+        (_b_as_stack((1, 4, 6), jnp.int32(0)), "1 index arguments for 0 stacked operands"),
+        (_b_as_stack((0, 1, 4, 6), jnp.int32(0)), r"the stack b\(0, 1, 4, 6\) is empty"),
         (
             dict(a=jnp.ones((1, 1, 1, 3, 4)), b=jnp.ones((1, 4, 6)), out_shape=(1, 3, 6)),
             r"a must have rank 3, or 4 as a stack of slices, got a\(1, 1, 1, 3, 4\)",
