@@ -38,13 +38,18 @@ __device__ __forceinline__ uint32_t CvtRnaTf32(float x) {
 
 // CvtRnaTf32, except that finite values within half a TF32 step of the
 // float32 limit, which it rounds to inf, are truncated instead: only true
-// overflow gives inf. Selects, not branches: this runs on every operand
-// element in the kernels' inner loops.
+// overflow gives inf. The cvt is no single instruction on sm_90 (ptxas
+// emits an add, a compare, a select and an and) and a guard after it took
+// five more, three quarters of what mma's TF32 loop issued on small
+// products (NOTES.md, "TF32 rounding in three instructions"). Here the same
+// bits in three: half a TF32 step added to the magnitude (its carry is the
+// rounding, ties away from zero), then the low 13 bits dropped; the add is
+// skipped where |x| would round past the largest TF32, and for inf and NaN,
+// whose comparison fails, so those are truncated as the guard did.
 __device__ __forceinline__ uint32_t RoundToTf32(float x) {
-  constexpr uint32_t kInf = 0x7f800000u;
-  const uint32_t bits = __float_as_uint(x), rounded = CvtRnaTf32(x);
-  const bool overflowed = ((rounded & 0x7fffffffu) == kInf) & ((bits & 0x7fffffffu) != kInf);
-  return overflowed ? bits & 0xffffe000u : rounded;
+  constexpr float kFirstOverflowing = 0x1.ffep+127f;  // bits 0x7f7ff000
+  const uint32_t bits = __float_as_uint(x);
+  return (fabsf(x) < kFirstOverflowing ? bits + 0x1000u : bits) & 0xffffe000u;
 }
 
 // x = hi + lo, both TF32, lo of x's sign (see the top of this file): hi is x
