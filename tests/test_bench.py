@@ -385,7 +385,7 @@ def test_each_precision_times_the_kernels_that_take_it(monkeypatch):
 
     def kernels(backend=None, dtype=None, out_dtype=None, precision=None):
         assert backend is None and dtype == jnp.float32
-        return ["warptile"] if precision == "highest" else ["warptile", "mma"]
+        return ["warptile"] if precision == jax.lax.Precision.HIGHEST else ["warptile", "mma"]
 
     monkeypatch.setattr(jax_tiled, "kernels", kernels)
     available = ["warptile", "mma", "auto"]
@@ -418,6 +418,68 @@ def test_rows_per_precision_share_their_peers():
         "highest",
     ]
     assert harness.count_rows(by_precision) == len(rows)
+
+
+def test_a_presets_peer_is_jnp_at_the_same_preset(tmp_path, monkeypatch):
+    """A preset row times ours and jnp.matmul, each handed the preset itself (not
+    a precision standing in for it), and its ratio is to that peer row; HIGH's peer
+    stays HIGHEST beside it."""
+    preset = "bf16_bf16_f32_x3"
+    seen = {"ours": set(), "peer": set()}
+    ours, peer = jax_tiled.matmul, jnp.matmul
+
+    def recording(record, mm):
+        def wrapped(a, b, *, precision=None, **kwargs):
+            seen[record].add(precision)
+            return mm(a, b, precision=precision, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(jax_tiled, "matmul", recording("ours", ours))
+    monkeypatch.setattr(jnp, "matmul", recording("peer", peer))
+    out = tmp_path / "presets.json"
+    argv = ["--shapes", "96x64x80", "--dtype", "float32", "--kernels", "auto", "--no-progress"]
+    argv += ["--repeats", "5", "--no-pallas", "--precision", f"{preset.upper()},high"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["precision"], r["kernel"]) for r in rows] == [
+        (preset, "jnp.matmul"),
+        (preset, "auto"),
+        ("highest", "jnp.matmul"),
+        ("high", "auto"),
+    ]
+    assert [r["peer_precision"] for r in rows if r["kernel"] == "auto"] == [preset, "highest"]
+    assert all(r["error"] is None and r["rel_error"] < 1e-2 for r in rows)
+    assert all(r["ratio"] > 0 for r in rows if r["kernel"] == "auto")
+    as_preset = jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3
+    assert as_preset in seen["ours"] and as_preset in seen["peer"]
+    assert harness.peer_precision(preset) == preset and harness.peer_precision("high") == "highest"
+
+
+def refused_preset() -> str:
+    """A preset jax_tiled refuses on this backend (the float8 ones take float8 operands)."""
+    for preset in harness.PRESETS:
+        try:
+            jax_tiled.kernels(None, "float32", precision=harness.lax_precision(preset))
+        except ValueError:
+            return preset
+    raise AssertionError("every preset is taken here")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--precision", "bf16_bf16_f32_x4"], "unknown precision"),
+        (["--precision", "bf16_bf16_f32_x3", "--chain"], "go with the product suite"),
+        (["--precision", "bf16_bf16_f32_x3", "--train-step"], "go with the product suite"),
+        (["--precision", "REFUSED", "--shapes", "64^3"], "is not supported on"),
+    ],
+)
+def test_a_preset_the_bench_cannot_run_is_an_error_before_the_run(argv, message, capsys):
+    argv = [refused_preset() if a == "REFUSED" else a for a in argv]
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--no-progress"])
+    assert message in capsys.readouterr().err
 
 
 TINY_ACCURACY = ["--accuracy", "--shapes", "40x48x24", "--no-progress"]
@@ -467,6 +529,16 @@ def test_accuracy_measures_ours_and_the_peer_against_float64(tmp_path, capsys):
     body = [cells for cells in body if "ERROR" not in cells]
     assert len(body) == len(measured) and all(len(cells) == len(columns) for cells in body)
     assert {cells[columns.index("flag")] for cells in body} <= {"ok", "ERR", "BIAS", "ERR+BIAS"}
+
+
+def test_accuracy_of_a_preset_is_against_jnp_at_that_preset(tmp_path):
+    preset = "bf16_bf16_f32_x6"
+    status, rows = run_tiny_accuracy(tmp_path, "--dtype", "float32", "--precision", preset)
+    assert status == 0 and rows
+    measured = [row for row in rows if not row["refused"]]
+    assert measured and all(row["precision"] == preset for row in rows)
+    for row in measured:
+        assert row["error"] is None and 0 <= row["err"] < 1e-3 and 0 <= row["peer_err"] < 1e-3
 
 
 def test_accuracy_flags_a_kernel_that_misses_the_targets(tmp_path, monkeypatch, capsys):

@@ -6,9 +6,11 @@ the same random-normal inputs; each row reports its time, TFLOP/s, achieved
 GB/s for skinny shapes, and its ratio to the peer (peer time / kernel time, so
 > 1 means faster than jnp.matmul). The peer of a float32 row is `jnp.matmul`
 at the same precision, except that `high` (3xTF32) is compared with `highest`,
-as the targets in docs/performance.md say. On an sm_90 GPU the Pallas
-Mosaic-GPU Hopper kernel that jax ships is a second peer (bench/pallas.py;
---pallas / --no-pallas), at the fastest of a few configs per row.
+as the targets in docs/performance.md say; a row at a lax.DotAlgorithmPreset
+(`--precision bf16_bf16_f32_x3`) is compared with `jnp.matmul` at that preset.
+On an sm_90 GPU the Pallas Mosaic-GPU Hopper kernel that jax ships is a second
+peer (bench/pallas.py; --pallas / --no-pallas), at the fastest of a few
+configs per row.
 
 Usage:
 
@@ -16,6 +18,7 @@ Usage:
     python -m jax_tiled.bench --quick              # a short run
     python -m jax_tiled.bench --dtype bfloat16 --dtype float16 --shapes 4096^3,8192^3
     python -m jax_tiled.bench --precision highest --kernels smem,auto
+    python -m jax_tiled.bench --precision bf16_bf16_f32_x3,bf16_bf16_f32_x6 --shapes 4096^3
     python -m jax_tiled.bench --json out.json --plot out.png
     python -m jax_tiled.bench --dtype bfloat16 --shapes 4096^3,8192^3 --pallas
     python -m jax_tiled.bench --list-shapes

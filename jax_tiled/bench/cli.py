@@ -23,7 +23,14 @@ from jax_tiled.bench.chains import (
     describe_chains,
     run_chains,
 )
-from jax_tiled.bench.harness import AGREEMENT_TEXT, DTYPES, PRECISIONS, TRUTH_TEXT
+from jax_tiled.bench.harness import (
+    AGREEMENT_TEXT,
+    DTYPES,
+    PRECISIONS,
+    PRESETS,
+    TRUTH_TEXT,
+    lax_precision,
+)
 from jax_tiled.bench.plot import pyplot, write_ladder_plot, write_plot
 from jax_tiled.bench.products import peers_of, run_all
 from jax_tiled.bench.report import (
@@ -78,7 +85,9 @@ def parse_args(argv):
         action="append",
         metavar="P",
         help="precision(s): default, high, highest (default: all three for "
-        "float32, default otherwise)",
+        "float32, default otherwise), or a lax.DotAlgorithmPreset by name, "
+        "e.g. bf16_bf16_f32_x3, whose peer is jnp.matmul at the same preset "
+        "(the product suite and --accuracy)",
     )
     p.add_argument(
         "--kernels",
@@ -277,16 +286,19 @@ def parse_args(argv):
         "--ladder": list(ladder.DEFAULT_DTYPES),
     }.get(mode, ["float32"])
     args.dtype = _split(args.dtype) or default_dtypes
-    args.precision = _split(args.precision)
+    args.precision = [v.lower() for v in _split(args.precision) or []] or None
     args.kernels = _split(args.kernels)
     args.shapes = _split(args.shapes)
     for value, allowed, what in (
         (args.dtype, DTYPES, "dtype"),
-        (args.precision or [], PRECISIONS, "precision"),
+        (args.precision or [], (*PRECISIONS, *PRESETS), "precision"),
     ):
         bad = [v for v in value if v not in allowed]
         if bad:
             p.error(f"unknown {what} {bad}; choose from {list(allowed)}")
+    presets = [v for v in args.precision or [] if v in PRESETS]
+    if presets and mode in ("--train-step", "--chain", "--ladder"):
+        p.error(f"presets ({', '.join(presets)}) go with the product suite and --accuracy")
     if args.repeats is None:
         args.repeats = 5 if args.quick else 10
     if args.repeats < 5:
@@ -344,6 +356,11 @@ def main(argv=None) -> int:
 
     on_cpu = jax.default_backend() == "cpu"
     budget = CPU_BUDGET if on_cpu else GPU_BUDGET
+    for precision in args.precision or []:
+        try:  # a preset this backend refuses, named before the run, with those it takes
+            jax_tiled.kernels(None, "float32", precision=lax_precision(precision))
+        except ValueError as exc:
+            parser.error(str(exc))
     info = device_info()
     if args.train_step:
         return train_step_main(parser, args, on_cpu, budget, info)
@@ -380,6 +397,8 @@ def main(argv=None) -> int:
             "(precision high: ratio against jnp.matmul at precision highest, as "
             "docs/performance.md says)"
         )
+    if any(r.precision in PRESETS for r in rows):
+        print("(a preset's ratio: against jnp.matmul at the same preset)")
     print()
     print(format_geomeans(summary))
     if args.json:

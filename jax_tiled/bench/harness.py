@@ -3,7 +3,9 @@
 Every kernel usable on the default backend (each forced by name, plus
 "auto") and the peer `jnp.matmul` run on the same inputs through the same
 timing. The peer of a float32 row is `jnp.matmul` at the same precision,
-except that `high` (3xTF32) is compared with `highest` (PEER_PRECISION).
+except that `high` (3xTF32) is compared with `highest` (PEER_PRECISION); a
+row at a `lax.DotAlgorithmPreset` (named in lower case, `bf16_bf16_f32_x3`)
+is compared with `jnp.matmul` at the same preset (peer_precision).
 The product suite adds a second peer, PALLAS (bench/pallas.py: jax's Pallas
 Mosaic-GPU Hopper kernel at its best config), timed beside `jnp.matmul`.
 
@@ -35,12 +37,28 @@ PRECISIONS = ("default", "high", "highest")
 # The peer's precision per row precision: 3xTF32 offers HIGHEST's accuracy, so it is
 # compared with HIGHEST (docs/performance.md).
 PEER_PRECISION = {"default": "default", "high": "highest", "highest": "highest"}
+# The lax.DotAlgorithmPresets by the names rows give them (lower case); DEFAULT is
+# the precision "default".
+PRESETS = tuple(p.name.lower() for p in lax.DotAlgorithmPreset if p.name != "DEFAULT")
+
+
+def peer_precision(precision: str) -> str:
+    """The precision of a row's peer: PEER_PRECISION's, or for a preset the same
+    preset, whose arithmetic each side is asked for (issue: fused presets)."""
+    return PEER_PRECISION.get(precision, precision)
+
+
+def lax_precision(precision: str) -> lax.Precision | lax.DotAlgorithmPreset:
+    """A row's precision name as jnp.matmul and jax_tiled.matmul take it."""
+    if precision in PRESETS:
+        return lax.DotAlgorithmPreset[precision.upper()]
+    return lax.Precision(precision)
 
 
 def matmul_fn(precision: str, kernel: str, out_dtype: str | None = None):
     """mm(a, b): jnp.matmul for PEER, else jax_tiled.matmul forcing the kernel `kernel`;
     the result in out_dtype (preferred_element_type; None: the operands' dtype)."""
-    prec = lax.Precision(precision)
+    prec = lax_precision(precision)
     if kernel == PEER:
 
         def mm(a, b):
@@ -115,7 +133,7 @@ def precisions_for(dtype: str, requested: list[str] | None) -> list[str]:
 
 def count_rows(kernels: dict[str, list[str]], peers: tuple[str, ...] = (PEER,)) -> int:
     """Rows that measure_against_peers(kernels, ..., peers) makes."""
-    peer_rows = len(peers) * len({PEER_PRECISION[p] for p in kernels})
+    peer_rows = len(peers) * len({peer_precision(p) for p in kernels})
     return peer_rows + sum(map(len, kernels.values()))
 
 
@@ -127,7 +145,7 @@ def measure_against_peers(
     kernels compared with them, and each kernel row with its ratios to them."""
     rows, peer_rows = [], {}
     for precision, precision_kernels in kernels.items():
-        peer_prec = PEER_PRECISION[precision]
+        peer_prec = peer_precision(precision)
         if peer_prec not in peer_rows:
             peer_rows[peer_prec] = [measure(peer_prec, peer) for peer in peers]
             rows += peer_rows[peer_prec]
@@ -220,7 +238,7 @@ def measure_agreeing_with_peers(
             errs = errs_of(result, truth)
             if row.is_peer:
                 peer_errs[precision] = errs
-            peer = None if row.is_peer else peer_errs.get(PEER_PRECISION[precision])
+            peer = None if row.is_peer else peer_errs.get(peer_precision(precision))
             judge_against_truth(row, errs, peer, agreement_tolerance(row.dtype, row.precision))
         progress.step()
         return row
@@ -239,5 +257,7 @@ def kernels_for(
         return kernels
     import jax_tiled
 
-    takes = set(jax_tiled.kernels(None, jnp.dtype(dtype), out_dtype, precision=precision))
+    takes = set(
+        jax_tiled.kernels(None, jnp.dtype(dtype), out_dtype, precision=lax_precision(precision))
+    )
     return [k for k in kernels if k == "auto" or k in takes]

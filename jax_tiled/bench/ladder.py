@@ -43,10 +43,10 @@ import numpy as np
 
 from jax_tiled.bench.harness import (
     PEER,
-    PEER_PRECISION,
     VersusPeer,
     attach_ratio,
     measure_into,
+    peer_precision,
 )
 from jax_tiled.bench.products import make_inputs, product_fn
 from jax_tiled.bench.progress import Progress
@@ -159,7 +159,7 @@ def run_ladder(
         (dtype, [(k, kernel_precision(k, dtype, args.precision)) for k in rungs])
         for dtype in args.dtype
     ]
-    total = sum(len(section) + len({PEER_PRECISION[p] for _, p in section}) for _, section in work)
+    total = sum(len(section) + len({peer_precision(p) for _, p in section}) for _, section in work)
     rows = []
     with Progress(total, enabled=not args.no_progress) as progress:
         for dtype, section in work:
@@ -201,10 +201,10 @@ def _run_section(
         ours.append(row)
     peers = {
         precision: measure(PEER, None, precision)
-        for precision in dict.fromkeys(PEER_PRECISION[row.precision] for row in ours)
+        for precision in dict.fromkeys(peer_precision(row.precision) for row in ours)
     }
     for row in ours:
-        attach_ratio(row, peers[PEER_PRECISION[row.precision]])
+        attach_ratio(row, peers[peer_precision(row.precision)])
     attach_speedups(ours)
     return ours + list(peers.values())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from jax_tiled.bench.harness import PEER_PRECISION, PEERS
+from jax_tiled.bench.harness import PEERS, peer_precision
 from jax_tiled.bench.report import device_label
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _plot_panels(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
         prows += [
             r
             for r in rows
-            if r.is_peer and r.dtype == dtype and r.precision == PEER_PRECISION[precision]
+            if r.is_peer and r.dtype == dtype and r.precision == peer_precision(precision)
         ]
     return panels
 

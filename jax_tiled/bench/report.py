@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from jax_tiled.bench.harness import PEER_PRECISION
+from jax_tiled.bench.harness import PEER_PRECISION, peer_precision
 
 if TYPE_CHECKING:
     from jax_tiled.bench.accuracy import AccuracyRow
@@ -280,10 +280,12 @@ def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
 
 def format_geomeans(summary: list[dict]) -> str:
     out = ["geometric mean of ratios (peer time / kernel time):"]
+    # a preset's name is wider than a precision's
+    precision_width = max([8, *(len(g["precision"]) for g in summary)])
     for g in summary:
         vs_pallas = g.get("pallas")
         out.append(
-            f"  {g['dtype']:<9} {g['precision']:<8} {g['kernel']:<12} "
+            f"  {g['dtype']:<9} {g['precision']:<{precision_width}} {g['kernel']:<12} "
             f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
             f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
             + (f", {g['failed']} failed" if g["failed"] else "")
@@ -452,7 +454,11 @@ def write_json(path: str, info: dict, args, rows: list | None, **sections) -> No
         doc.update(
             repeats=args.repeats,
             warmup=args.warmup,
-            peer_precision=PEER_PRECISION,
+            # a preset row's peer is at the same preset
+            peer_precision={
+                **PEER_PRECISION,
+                **{r.precision: peer_precision(r.precision) for r in rows},
+            },
             rows=json_rows(rows),
         )
     doc.update(sections)
