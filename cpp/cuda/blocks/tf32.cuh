@@ -40,8 +40,8 @@ __device__ __forceinline__ uint32_t CvtRnaTf32(float x) {
 // float32 limit, which it rounds to inf, are truncated instead: only true
 // overflow gives inf. The cvt is no single instruction on sm_90 (ptxas
 // emits an add, a compare, a select and an and) and a guard after it took
-// five more, three quarters of what mma's TF32 loop issued on small
-// products (NOTES.md, "TF32 rounding in three instructions"). Here the same
+// five more: three fifths of all that mma's TF32 kernel executed on a small
+// product (NOTES.md, "TF32 rounding in three instructions"). Here the same
 // bits in three: half a TF32 step added to the magnitude (its carry is the
 // rounding, ties away from zero), then the low 13 bits dropped; the add is
 // skipped where |x| would round past the largest TF32, and for inf and NaN,
