@@ -52,3 +52,71 @@ def test_refuses_runs_on_different_devices(tmp_path):
     run = bench_json(tmp_path / "run.json", "H200", {"a": 0.9})
     result = compare(base, run)
     assert result.returncode == 2 and "different devices" in result.stderr
+
+
+def load_same_bits():
+    """tools/same_bits.py as a module (tools/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "same_bits.py"
+    spec = importlib.util.spec_from_file_location("same_bits", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_same_bits_finds_exactly_the_products_that_changed(tmp_path, monkeypatch, capsys):
+    """Two runs of one build agree on every product; a build whose HIGH products
+    are one ulp off differs on exactly those, every input kind, each named."""
+    import jax
+    import numpy as np
+
+    import jax_tiled
+
+    same_bits = load_same_bits()
+    monkeypatch.setattr(same_bits, "SHAPES", [(1, 33, 17, 65), (2, 8, 40, 24)])
+    argv = ["--kernels", "auto", "--dtype", "float32"]
+    before = tmp_path / "before.json"
+    assert same_bits.main(["--write", str(before), *argv]) == 0
+    written = json.loads(before.read_text())["hashes"]
+    cases = 3 * 2 * 4 * 3  # precisions x shapes x layouts x inputs
+    # distinct inputs give distinct bits (the precisions may compute alike: the CPU's are exact)
+    assert len(written) == cases and len(set(written.values())) >= cases // 3
+    assert same_bits.main(["--compare", str(before), *argv]) == 0
+    assert f"all {cases} products the same bits" in capsys.readouterr().out
+
+    right = jax_tiled.matmul
+
+    def one_ulp_off_at_high(a, b, *, precision=None, **kwargs):
+        out = right(a, b, precision=precision, **kwargs)
+        if precision == jax.lax.Precision.HIGH:
+            return jax.numpy.nextafter(out, np.float32(np.inf))
+        return out
+
+    monkeypatch.setattr(jax_tiled, "matmul", one_ulp_off_at_high)
+    assert same_bits.main(["--compare", str(before), *argv]) == 1
+    differing = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("differs")
+    ]
+    assert len(differing) == cases // 3 and all(" HIGH " in line for line in differing)
+
+
+def test_same_bits_records_a_refusal_and_refuses_another_device(tmp_path, monkeypatch, capsys):
+    import jax_tiled
+
+    same_bits = load_same_bits()
+    monkeypatch.setattr(same_bits, "SHAPES", [(1, 9, 7, 5)])
+    monkeypatch.setattr(same_bits, "PRECISIONS", same_bits.PRECISIONS[:1])
+
+    def refusing(a, b, **kwargs):
+        raise ValueError("this kernel does not compute that\nmore words")
+
+    monkeypatch.setattr(jax_tiled, "matmul", refusing)
+    out = tmp_path / "refused.json"
+    assert same_bits.main(["--write", str(out), "--kernels", "auto", "--dtype", "float32"]) == 0
+    written = json.loads(out.read_text())
+    assert set(written["hashes"].values()) == {"refused: this kernel does not compute that"}
+    written["device"] = "another card"
+    out.write_text(json.dumps(written))
+    assert same_bits.main(["--compare", str(out), "--kernels", "auto", "--dtype", "float32"]) == 2
+    assert "is from another card" in capsys.readouterr().out
