@@ -4,8 +4,10 @@ and the kernels a test runs. Fixtures are in conftest.py."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,15 @@ SIMT_KERNELS = tuple(k.name for k in CUDA_TABLE if not k.tensor_cores)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)
 # Any dot_general or transpose in a jaxpr: a product not run on this package's kernels.
 FORBIDDEN = re.compile(r"\b(dot_general|transpose)\[")
+
+
+def load_repository_module(relative_path: str):
+    """A script of the repository that is no package (examples/, tools/) as a module."""
+    path = Path(__file__).resolve().parent.parent / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def gpu_available() -> bool:

@@ -5,9 +5,6 @@ every product of the forward and backward pass on tiled_matmul, and train alike
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +17,7 @@ from flax import nnx
 
 import jax_tiled
 from helpers import assert_trees_close as assert_close
+from helpers import load_repository_module
 
 
 def no_dot_general(f, *args):
@@ -126,11 +124,7 @@ def test_nnx_passes_out_sharding_under_an_explicit_mesh():
 
 
 def _digits_example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "mlp_digits.py"
-    spec = importlib.util.spec_from_file_location("mlp_digits", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repository_module("examples/mlp_digits.py")
 
 
 def train(dot_general, steps=30):

@@ -1,4 +1,4 @@
-"""tools/compare_baseline.py: rows that lost against the peer since the baseline."""
+"""tools/: compare_baseline.py (rows that lost since the baseline) and same_bits.py."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import load_repository_module
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "compare_baseline.py"
 
@@ -55,14 +57,7 @@ def test_refuses_runs_on_different_devices(tmp_path):
 
 
 def load_same_bits():
-    """tools/same_bits.py as a module (tools/ is not a package)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "tools" / "same_bits.py"
-    spec = importlib.util.spec_from_file_location("same_bits", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repository_module("tools/same_bits.py")
 
 
 def test_same_bits_finds_exactly_the_products_that_changed(tmp_path, monkeypatch, capsys):
