@@ -52,9 +52,8 @@ def operands(shape, dtype: str, transpose_a: bool, transpose_b: bool, inputs: st
         a, b = np.abs(a) + 0.5, np.abs(b) + 0.5
     if inputs == "special":
         for x in (a, b):
-            x.flat[rng.choice(x.size, min(x.size, len(SPECIALS)), replace=False)] = SPECIALS[
-                : min(x.size, len(SPECIALS))
-            ]
+            planted = SPECIALS[: x.size]
+            x.flat[rng.choice(x.size, len(planted), replace=False)] = planted
     with np.errstate(over="ignore"):  # float16 takes the float32 limit to inf, as it should
         return jnp.asarray(a.astype(np.float32), dtype), jnp.asarray(b.astype(np.float32), dtype)
 

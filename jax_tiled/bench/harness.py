@@ -44,7 +44,8 @@ PRESETS = tuple(p.name.lower() for p in lax.DotAlgorithmPreset if p.name != "DEF
 
 def peer_precision(precision: str) -> str:
     """The precision of a row's peer: PEER_PRECISION's, or for a preset the same
-    preset, whose arithmetic each side is asked for (issue: fused presets)."""
+    preset, whose arithmetic each side is asked for (docs/performance.md's
+    preset targets are against jnp.matmul at the same preset)."""
     return PEER_PRECISION.get(precision, precision)
 
 
