@@ -284,7 +284,7 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     )
     if copy_b:
         transpose_b = True
-        b_aval = b_aval.update(shape=(*b_aval.shape[:-2], *b_aval.shape[:-3:-1]))
+        b_aval = b_aval.update(shape=(*b_aval.shape[:-2], b_aval.shape[-1], b_aval.shape[-2]))
     check_kernel_runs(
         platform,
         kernel,

@@ -30,9 +30,11 @@ from jax import lax
 
 import jax_tiled
 
-# (batch, m, k, n): odd sizes, tile edges, K past a blocked sum's partials, a batch.
+# (batch, m, k, n): odd sizes, tile edges, K past a blocked sum's partials, a
+# batch, and one output tile over a K deep enough that the Hopper kernel splits
+# it across clusters of blocks (a second kernel adds their parts).
 SHAPES = [(1, 1, 1, 1), (1, 33, 17, 65), (1, 64, 64, 64), (1, 130, 300, 96), (1, 256, 600, 136)]
-SHAPES += [(3, 40, 24, 56)]
+SHAPES += [(3, 40, 24, 56), (1, 8, 32768, 8)]
 DTYPES = ("float32", "bfloat16", "float16")
 PRECISIONS = (lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST)
 INPUTS = ("normal", "positive", "special")

@@ -134,10 +134,10 @@ ffi::Error LaunchError(const char* what, cudaError_t err, const FfiScratch& scra
 
 // For a kernel that does not read stacks in place: the slice a StackSlice
 // chooses, copied into scratch on the stream (the index stays on the device).
-cudaError_t GatherStackSlice(const void*& operand, StackSlice& stack, Dtype in_type,
+cudaError_t GatherStackSlice(const void*& operand, StackSlice& stack, ffi::DataType in_type,
                              const LaunchContext& context) {
   if (!stack.stacked()) return cudaSuccess;
-  const size_t bytes = static_cast<size_t>(stack.stride) * DtypeBytes(in_type);
+  const size_t bytes = static_cast<size_t>(stack.stride) * ffi::ByteWidth(in_type);
   void* slice = context.scratch->Allocate(bytes, 16);
   if (slice == nullptr) return cudaErrorMemoryAllocation;
   const cudaError_t err = GatherSlice(operand, stack, bytes, slice, context.stream);
@@ -176,9 +176,8 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   const LaunchContext context{stream, &workspace};
   cudaError_t err = cudaSuccess;
   if (!choice.kernel->takes.stack_slices) {
-    err = GatherStackSlice(product.a, product.a_stack, product.in_type, context);
-    if (err == cudaSuccess)
-      err = GatherStackSlice(product.b, product.b_stack, product.in_type, context);
+    err = GatherStackSlice(product.a, product.a_stack, p.in_type, context);
+    if (err == cudaSuccess) err = GatherStackSlice(product.b, product.b_stack, p.in_type, context);
     if (err != cudaSuccess) return LaunchError("copying a slice of a stack failed", err, workspace);
   }
   err = choice.kernel->launch(choice.plan, product, out->untyped_data(), context);

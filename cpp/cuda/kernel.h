@@ -43,8 +43,6 @@ constexpr const char* DtypeName(Dtype t) {
   return "an unknown dtype";
 }
 
-constexpr size_t DtypeBytes(Dtype t) { return t == Dtype::kF64 ? 8 : t == Dtype::kF32 ? 4 : 2; }
-
 // What the planners and refusals need to know of the GPU. The defaults are an
 // H100's, taken where the driver cannot say and where explain plans without a
 // GPU; the per-block limits are every sm_80+ GPU's (48 KB of shared memory

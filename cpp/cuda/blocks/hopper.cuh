@@ -221,6 +221,9 @@ __device__ __forceinline__ int ClusterSize() {
   return static_cast<int>(size);
 }
 
+// This block's cluster's index in a one-dimensional grid of clusters.
+__device__ __forceinline__ int64_t ClusterIndex() { return blockIdx.x / ClusterSize(); }
+
 // Loads and stores at 32-bit shared-memory addresses (SharedAddress): through
 // a generic pointer each costs 64-bit address arithmetic and the generic
 // path's longer latency, which made the producer warpgroup's B rewrites the

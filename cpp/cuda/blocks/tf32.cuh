@@ -28,28 +28,32 @@
 namespace jax_tiled::cuda {
 
 // float32 rounded to nearest TF32 (ties away), as the bit pattern the tensor
-// cores read: the low 13 mantissa bits are zero. The instruction exists from
-// sm_80; the kernels that call it are built for sm_80 and sm_90a only.
+// cores read (the low 13 mantissa bits zero), where |x| < limit: half a TF32
+// step added to the bits carries into the kept ones exactly where rounding to
+// nearest rounds up, then the low 13 bits are dropped. At and above the limit,
+// and for NaN (whose comparison fails), the bits are truncated. Three
+// instructions (a compare, a predicated add, an and).
+__device__ __forceinline__ uint32_t RoundToTf32Below(float x, float limit) {
+  const uint32_t bits = __float_as_uint(x);
+  return (fabsf(x) < limit ? bits + 0x1000u : bits) & 0xffffe000u;
+}
+
+// The bits of `cvt.rna.tf32.f32`, which rounds the finite values within half
+// a TF32 step of the float32 limit to inf. The cvt is no single instruction
+// on sm_90: ptxas emits the same add and and with a compare of |x| with inf
+// and a select, four where this takes three, on every element of every TF32
+// register operand (NOTES.md, "TF32 rounding in three instructions").
 __device__ __forceinline__ uint32_t CvtRnaTf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
+  return RoundToTf32Below(x, __int_as_float(0x7f800000));  // inf
 }
 
 // CvtRnaTf32, except that finite values within half a TF32 step of the
 // float32 limit, which it rounds to inf, are truncated instead: only true
-// overflow gives inf. The cvt is no single instruction on sm_90 (ptxas
-// emits an add, a compare, a select and an and) and a guard after it took
-// five more: three fifths of all that mma's TF32 kernel executed on a small
-// product (NOTES.md, "TF32 rounding in three instructions"). Here the same
-// bits in three: half a TF32 step added to the magnitude (its carry is the
-// rounding, ties away from zero), then the low 13 bits dropped; the add is
-// skipped where |x| would round past the largest TF32, and for inf and NaN,
-// whose comparison fails, so those are truncated as the guard did.
+// overflow gives inf. A guard after the cvt took five more instructions:
+// with the cvt's four, three fifths of all that mma's TF32 kernel executed
+// on a small product (NOTES.md, "TF32 rounding in three instructions").
 __device__ __forceinline__ uint32_t RoundToTf32(float x) {
-  constexpr float kFirstOverflowing = 0x1.ffep+127f;  // bits 0x7f7ff000
-  const uint32_t bits = __float_as_uint(x);
-  return (fabsf(x) < kFirstOverflowing ? bits + 0x1000u : bits) & 0xffffe000u;
+  return RoundToTf32Below(x, 0x1.ffep+127f);  // bits 0x7f7ff000: the first to round past
 }
 
 // x = hi + lo, both TF32, lo of x's sign (see the top of this file): hi is x

@@ -84,7 +84,7 @@ struct SplitKTileScheduler {
     if (taken) return false;
     taken = true;
     const int size = hopper::ClusterSize(), groups = Groups(dims);
-    const int64_t cluster = blockIdx.x / size, parts = int64_t{size} * groups;
+    const int64_t cluster = hopper::ClusterIndex(), parts = int64_t{size} * groups;
     const int64_t part = cluster % groups * size + hopper::ClusterRank();
     const int64_t slabs = (dims.k + kSlabDepth - 1) / kSlabDepth;
     int64_t batch, row0, col0;

@@ -26,11 +26,11 @@
 // float32 runs as TF32, where wgmma reads shared-memory operands K-major only.
 // TF32 operands are rounded to nearest, never truncated: the copy engine
 // rounds the shared-memory operand as it lands (a TFLOAT32 tensor map), and
-// the consumers round the register operand the same way with one cvt
-// (CvtRnaTf32): both take the float32 values within half a TF32 step of the
-// limit to inf (docs/precision.md, "Special values"); guarding against that in the
-// consumers' conversions was five more instructions an element on the
-// path that converts every A element (NOTES.md, "Long sums").
+// the consumers round the register operand the same way, to the bits of
+// `cvt.rna.tf32.f32` (CvtRnaTf32): both take the float32 values within half a
+// TF32 step of the limit to inf (docs/precision.md, "Special values"); a
+// guard against that was more instructions on every A element (NOTES.md,
+// "Long sums").
 // Its A operand may come from registers instead, loaded by the consumers from
 // the swizzled tile in whatever layout it arrived (ElementOffset), so:
 // - B stored K-major (transpose_b): A from registers, either layout;
@@ -706,15 +706,20 @@ struct ClusterReduceEpilogue {
   }
   __device__ __forceinline__ static void Finish() {}
 
+  // sum = part (the first) or sum + part, eight floats: partial sums are
+  // added in one fixed order, the first taken as it is.
+  __device__ __forceinline__ static void AddPart(float (&sum)[8], float4 lo, float4 hi,
+                                                 bool first) {
+    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum[e] = first ? v[e] : sum[e] + v[e];
+  }
+
   // sum = the cluster's partial sums at `at` (eight floats), in rank order.
   __device__ __forceinline__ static void AddParts(const float* at, int parts, float (&sum)[8]) {
-    for (int q = 0; q < parts; ++q) {
-      const float4 lo = hopper::LoadSharedInCluster(at, q);
-      const float4 hi = hopper::LoadSharedInCluster(at + 4, q);
-      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum[e] = q ? sum[e] + v[e] : v[e];  // rank 0's as they are
-    }
+    for (int q = 0; q < parts; ++q)
+      AddPart(sum, hopper::LoadSharedInCluster(at, q), hopper::LoadSharedInCluster(at + 4, q),
+              q == 0);
   }
 
   __device__ __forceinline__ static void Store(const WgmmaConsumer<Cfg, Ops>& consumer,
@@ -735,7 +740,7 @@ struct ClusterReduceEpilogue {
     const int first_row = hopper::ClusterRank() * rows;
     const int first = threadIdx.x - 128, step = 128 * Cfg::kConsumers;
     if (params.partials) {
-      float* const slot = params.partials + int64_t{blockIdx.x / parts} * kSlotFloats;
+      float* const slot = params.partials + hopper::ClusterIndex() * kSlotFloats;
       for (int i = first; i < rows * kChunks; i += step) {
         const int r = first_row + i / kChunks, col = 8 * (i % kChunks);
         float sum[8];
@@ -809,11 +814,8 @@ __global__ void __launch_bounds__(ClusterReduceEpilogue<Cfg, Ops, Out>::kFixUpTh
       params.partials + tile * groups * Epilogue::kSlotFloats + r * Cfg::kBlockN + col;
   float sum[8];
   for (int g = 0; g < groups; ++g, at += Epilogue::kSlotFloats) {
-    const float4 lo = __ldcs(reinterpret_cast<const float4*>(at));  // read once: stream past L1
-    const float4 hi = __ldcs(reinterpret_cast<const float4*>(at) + 1);
-    const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sum[e] = g ? sum[e] + v[e] : v[e];
+    const float4* const part = reinterpret_cast<const float4*>(at);
+    Epilogue::AddPart(sum, __ldcs(part), __ldcs(part + 1), g == 0);  // read once: past L1
   }
   c.Eight(row0 + r, col0 + col, sum, params.vector_stores);
 }
