@@ -5,9 +5,9 @@ package was built with nvcc), the lowering rule
 
 0. reads an operand that is a transpose of its last two axes (`a @ b.T`) as
    stored, through the kernel's transpose flag, instead of copying it first
-   (`_read_as_stored`; on the platforms in READS_TRANSPOSES); and the other
-   way round, copies b K-major first where `auto`'s kernel reads the layout as
-   stored slowly (`copies_b_k_major`);
+   (`_stored_form`, where `reads_as_stored`); and the other way round,
+   copies b K-major first where `auto`'s kernel reads the layout as stored
+   slowly (`copies_b_k_major`);
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
@@ -88,14 +88,6 @@ def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
 
 _partitioned_product = _sharding.partitioned(ffi_product)
 
-# Platforms on which an operand's transpose is folded into the kernel's flag.
-# On CPU the packed kernel reads every layout at nearly one speed, and the
-# copy that XLA would otherwise make costs a pass over the operand (measured
-# in cpp/cpu/NOTES.md, "Transposing packs"). CUDA waits for a measurement: there
-# the wgmma kernel reads an MN-major A tile more slowly than a K-major one, and
-# float32's a.T @ b layout runs on smaller tiles (B rewritten in shared memory).
-READS_TRANSPOSES = {"cpu": True, "cuda": False}
-
 
 def _defining_op(value):
     """The operation that produced `value`, or None for a block argument."""
@@ -142,21 +134,63 @@ def _unsharded(aval) -> bool:
     return all(axis is None for axis in spec)
 
 
-def _read_as_stored(value, aval, transposed: bool):
-    """(value, aval, transposed) for a canonical operand, with a transpose of its
-    last two axes folded into the flag: the untransposed array, reshaped to
-    three axes (free: the leading axes only merge), and the flag flipped. Left
-    alone: dynamic shapes, and operands whose type carries explicit sharding."""
+def _stored_form(value, aval, transposed: bool):
+    """(source, aval, transposed) for a canonical operand (value, aval,
+    transposed) that is a transpose of its last two axes: the untransposed
+    array (maybe still of more than three axes), its aval as three axes, and
+    the flag flipped. None for other operands, dynamic shapes, and operands
+    whose type carries explicit sharding."""
     source = _swapped_source(value)
     if source is None or not _unsharded(aval):
-        return value, aval, transposed
+        return None
     batch, rows, cols = _static_shape(value)
-    folded_type = ir.RankedTensorType.get(
-        [batch, cols, rows], ir.RankedTensorType(value.type).element_type
-    )
-    if source.type != folded_type:
-        source = stablehlo.reshape(folded_type, source)
     return source, aval.update(shape=(batch, cols, rows)), not transposed
+
+
+def _as_three_axes(value, aval):
+    """`value` reshaped to `aval`'s three axes (free: its leading axes merge)."""
+    three = ir.RankedTensorType.get(list(aval.shape), ir.RankedTensorType(value.type).element_type)
+    return value if value.type == three else stablehlo.reshape(three, value)
+
+
+def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
+    """Whether a product whose operands XLA would transpose first is run on
+    them as stored, through the kernel's transpose flags instead: `stored` is
+    its problem so, `copied` after the copy (copies_b_k_major's problem
+    tuples), `run` the resolved preset (`_presets.resolve`).
+
+    On CPU always: the packed kernel reads every layout at nearly one speed,
+    and the copy costs a pass over the operand (cpp/cpu/NOTES.md,
+    "Transposing packs"). On CUDA where the same kernel would run both on the
+    same tiles (its plan alike but for computing C^T, which only moves the
+    copy engine's boxes): the copy is then a kernel and a pass over the operand
+    for nothing (cpp/cuda/NOTES.md, "Transposed operands read as stored").
+    Else the copy stays, as where auto would leave the copy engine's kernel
+    for one whose rows are not 16-byte aligned, where float32's `a.T @ b` would
+    rewrite B in shared memory on smaller tiles, or where a forced kernel
+    refuses the layout as stored (3xTF32's `a.T @ b` on wgmma)."""
+    if platform != "cuda":
+        return True
+    dtypes = (np.dtype(run.operand_dtype).name, np.dtype(run.product_dtype).name)
+
+    def runs(problem):
+        name = kernel
+        if kernel == "auto":
+            name = _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), run.precision)[
+                0
+            ]
+        plan = _ffi.cuda_plan(name, *dtypes, problem, run.precision)
+        return plan and (name, dataclasses.replace(plan, text="", swap_ab=False))
+
+    as_stored = runs(stored)
+    return bool(as_stored) and as_stored == runs(copied)
+
+
+def _problem(a_operand, b_operand) -> tuple:
+    """copies_b_k_major's problem tuple for canonical (value, aval, transposed) operands."""
+    (_, a_aval, transpose_a), (_, b_aval, transpose_b) = a_operand, b_operand
+    _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
+    return (a_aval.shape[0], b_aval.shape[0], m, n, k, transpose_a, transpose_b)
 
 
 def _stacked_source(value, aval):
@@ -257,21 +291,25 @@ def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, 
 
 
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
-    if READS_TRANSPOSES[platform]:
-        a, a_aval, transpose_a = _read_as_stored(a, ctx.avals_in[0], transpose_a)
-        b, b_aval, transpose_b = _read_as_stored(b, ctx.avals_in[1], transpose_b)
-        ctx = ctx.replace(avals_in=[a_aval, b_aval])
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
         raise ValueError(
             f"jax_tiled: kernel {kernel!r} is not available on {platform}; "
             f"valid: {['auto', *available]}"
         )
-    a_aval, b_aval = ctx.avals_in
     (out_aval,) = ctx.avals_out
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
-    run = _presets.resolve(platform, precision, a_aval.dtype, out_aval.dtype)
+    run = _presets.resolve(platform, precision, ctx.avals_in[0].dtype, out_aval.dtype)
+    # Operands that are transposes, read as stored where reads_as_stored.
+    given = [(a, ctx.avals_in[0], transpose_a), (b, ctx.avals_in[1], transpose_b)]
+    folds = [_stored_form(*operand) for operand in given]
+    stored = [fold or operand for fold, operand in zip(folds, given)]
+    if any(folds) and reads_as_stored(platform, kernel, run, _problem(*stored), _problem(*given)):
+        a, b = (_as_three_axes(*fold[:2]) if fold else v for fold, (v, _, _) in zip(folds, given))
+        (_, a_aval, transpose_a), (_, b_aval, transpose_b) = stored
+        ctx = ctx.replace(avals_in=[a_aval, b_aval])
+    a_aval, b_aval = ctx.avals_in
     _batch, m, n, k = _canonical.problem_dims(a_aval.shape, b_aval.shape, transpose_a, transpose_b)
     batches = (a_aval.shape[0], b_aval.shape[0])
     copy_b = copies_b_k_major(
@@ -374,7 +412,7 @@ def register(primitive) -> None:
     # hands to lowering rules of primitives that declare they need it.
     _compat.require_devices_during_lowering(primitive)
     # The lowering is not cached: a cached lowering sees its operands as
-    # arguments of a function of its own, so _read_as_stored and
+    # arguments of a function of its own, so _stored_form and
     # _stacked_source could not see their producers.
     platforms = ["cpu", "cuda"] if _ffi.cuda_module_built() else ["cpu"]
     for platform in platforms:
