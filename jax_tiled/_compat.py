@@ -107,7 +107,7 @@ def inline_jit(*, static_argnames: tuple[str, ...]):
     up to 0.10 does this for inline=True; jax 0.11 keeps the call in the
     jaxpr and lowers its body as a separate MLIR function, where an operand's
     producer (a transpose the CPU lowering folds into the kernel's flag,
-    `_lowering._read_as_stored`) is a function argument it cannot see.
+    `_lowering._stored_form`) is a function argument it cannot see.
 
     The operands are positional and the keyword arguments the static ones,
     so only the positional ones are searched for tracers on each call."""

@@ -62,6 +62,9 @@ class KernelFacts:
     # Reads an operand given as a slice of a stack (cpp/stack_slice.h) in place;
     # for the others the CUDA handler copies the slice out first.
     stack_slices: bool
+    # Reads an operand stored transposed as fast as one stored plainly, so the
+    # lowering passes a transpose as the kernel's flag, not as XLA's copy.
+    reads_transposes: bool
     inputs: tuple[str, ...]  # the operand dtypes it computes (numpy names)
     outputs: tuple[str, ...]  # the result dtypes it writes
     # CPU: the paths bfloat16 inputs (into a non-float64 result) can take, preferred

@@ -154,36 +154,40 @@ def _as_three_axes(value, aval):
 
 
 def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
-    """Whether a product whose operands XLA would transpose first is run on
-    them as stored, through the kernel's transpose flags instead: `stored` is
-    its problem so, `copied` after the copy (copies_b_k_major's problem
-    tuples), `run` the resolved preset (`_presets.resolve`).
+    """Whether a product whose operands XLA would transpose first runs on them
+    as stored, through the kernel's transpose flags instead: `stored` is its
+    problem so, `copied` after the copy (copies_b_k_major's problem tuples),
+    `run` the resolved preset (`_presets.resolve`).
 
-    On CPU always: the packed kernel reads every layout at nearly one speed,
-    and the copy costs a pass over the operand (cpp/cpu/NOTES.md,
-    "Transposing packs"). On CUDA where the same kernel would run both on the
-    same tiles (its plan alike but for computing C^T, which only moves the
-    copy engine's boxes): the copy is then a kernel and a pass over the operand
-    for nothing (cpp/cuda/NOTES.md, "Transposed operands read as stored").
-    Else the copy stays, as where auto would leave the copy engine's kernel
-    for one whose rows are not 16-byte aligned, where float32's `a.T @ b` would
-    rewrite B in shared memory on smaller tiles, or where a forced kernel
-    refuses the layout as stored (3xTF32's `a.T @ b` on wgmma)."""
+    Where the kernel that runs it reads transposes as fast as plain layouts
+    (the kernel table's `reads_transposes`: the CPU kernel, CUDA's `wgmma`)
+    the copy is a pass over the operand for nothing: on CUDA a kernel, 9-13%
+    of a 4096^3 product and 2.7 times a skinny one's time (cpp/cuda/NOTES.md,
+    "Transposed operands read as stored"). For `auto` that kernel must be its
+    choice both ways: as stored, rows the copy engine cannot read would send it
+    to another. And not where the lowering would then copy b instead
+    (copies_b_k_major: float32's `a.T @ b` on wgmma), which saves nothing."""
+    table = {k.name: k for k in _ffi.kernel_table(platform)}
     if platform != "cuda":
-        return True
+        return all(k.reads_transposes for k in table.values())
     dtypes = (np.dtype(run.operand_dtype).name, np.dtype(run.product_dtype).name)
+    if kernel == "auto":
 
-    def runs(problem):
-        name = kernel
-        if kernel == "auto":
-            name = _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), run.precision)[
+        def auto(problem):
+            return _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), run.precision)[
                 0
             ]
-        plan = _ffi.cuda_plan(name, *dtypes, problem, run.precision)
-        return plan and (name, dataclasses.replace(plan, text="", swap_ab=False))
 
-    as_stored = runs(stored)
-    return bool(as_stored) and as_stored == runs(copied)
+        name = auto(stored)
+        if name != auto(copied):
+            return False
+    elif _ffi.refusal(platform, kernel, *dtypes, stored, run.precision):
+        return False
+    else:
+        name = kernel
+    return table[name].reads_transposes and not copies_b_k_major(
+        platform, kernel, *dtypes, run.precision, stored
+    )
 
 
 def _problem(a_operand, b_operand) -> tuple:

@@ -289,6 +289,7 @@ def ladder_facts(name: str, true_fp32: bool, rung: int) -> _ffi.KernelFacts:
         min_capability=0,
         hopper_only=False,
         stack_slices=False,
+        reads_transposes=False,
         inputs=("float32",),
         outputs=("float32",),
         rung=rung,

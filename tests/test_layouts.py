@@ -1,6 +1,7 @@
 """Transposed operands are read as stored: `a @ b.T`, `a.T @ b` and their batched
 forms run the kernel with its transpose flags instead of copying the operand
-first (on CPU; `_lowering.READS_TRANSPOSES`), with the same values."""
+first, with the same values: on CPU always, on CUDA where the kernel that runs
+them reads transposes as fast as plain layouts (`_lowering.reads_as_stored`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import HIGHEST, assert_matmul_close, random_array
+from helpers import F32, HIGHEST, assert_matmul_close, random_array
 from jax_tiled import _ffi
 
+BF16 = jnp.bfloat16
 _FLAGS = re.compile(r"transpose_a = (true|false), transpose_b = (true|false)")
 
 
@@ -161,3 +163,72 @@ def test_symbolic_shapes_keep_the_copy_and_export(rng):
     a = random_array(rng, (9, 70), np.float32)
     out = np.asarray(exported.call(*_on_cpu(a, b)))
     assert_matmul_close(out, a, b.T, platform="cpu", precision="highest")
+
+
+# ---- CUDA: folded where the kernel reads transposes (wgmma), else copied ----
+
+# (name, dtype, precision, kernel, stored shapes, the function of the stored
+#  arrays, op(a) and op(b), the flags on a Hopper GPU). Elsewhere nothing folds:
+# mma, the tensor-core kernel there, does not read transposes as fast.
+CUDA_CASES = [
+    ("bf16 a @ b.T", BF16, None, "auto", ((1024, 512), (768, 512)), "a @ b.T", (False, True)),
+    ("bf16 a.T @ b", BF16, None, "auto", ((512, 1024), (512, 768)), "a.T @ b", (True, False)),
+    ("tf32 a @ b.T", F32, None, "auto", ((1024, 512), (768, 512)), "a @ b.T", (False, True)),
+    # As stored, float32's a.T @ b would have b copied instead (copies_b_k_major).
+    ("tf32 a.T @ b", F32, None, "auto", ((512, 1024), (512, 768)), "a.T @ b", (False, False)),
+    # As stored, rows of 1023 bfloat16 are not the copy engine's: auto would run mma.
+    (
+        "bf16 a.T @ b, odd rows",
+        BF16,
+        None,
+        "auto",
+        ((512, 1023), (512, 768)),
+        "a.T @ b",
+        (False, False),
+    ),
+    # The SIMT kernels were not measured reading transposes as fast.
+    (
+        "fp32 highest a @ b.T",
+        F32,
+        "highest",
+        "auto",
+        ((1024, 512), (768, 512)),
+        "a @ b.T",
+        (False, False),
+    ),
+    # Forced wgmma refuses 3xTF32's a.T @ b as stored: it gets the copy.
+    (
+        "3xtf32 a.T @ b on wgmma",
+        F32,
+        "high",
+        "wgmma",
+        ((512, 256), (512, 128)),
+        "a.T @ b",
+        (False, False),
+    ),
+]
+_OPS = {"a @ b.T": lambda a, b: (a, b.T), "a.T @ b": lambda a, b: (a.T, b)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name,dtype,precision,kernel,shapes,form,hopper_flags",
+    CUDA_CASES,
+    ids=[c[0] for c in CUDA_CASES],
+)
+def test_cuda_reads_transposes_where_the_kernel_does(
+    on_gpu, rng, name, dtype, precision, kernel, shapes, form, hopper_flags
+):
+    a, b = (jnp.asarray(random_array(rng, s, np.float32), dtype) for s in shapes)
+
+    def f(a, b):
+        return jax_tiled.matmul(*_OPS[form](a, b), precision=precision, kernel=kernel)
+
+    hlo = jax.jit(f).lower(a, b).compile().as_text()
+    on_hopper = _ffi.cuda_compute_capability() == _ffi.HOPPER
+    assert _flags(hlo) == [hopper_flags if on_hopper else (False, False)], hlo
+    if on_hopper and hopper_flags != (False, False):  # folded: no transpose left
+        assert not re.search(r"\btranspose\(", hlo), hlo
+    a_op, b_op = _OPS[form](np.asarray(a), np.asarray(b))
+    out = np.asarray(jax.jit(f)(a, b))
+    assert_matmul_close(out, a_op, b_op, platform="cuda", precision=precision)

@@ -30,7 +30,8 @@ NB_MODULE(_cpu, m) {
         row["true_fp32"] = true;
         row["min_capability"] = 0;
         row["hopper_only"] = false;
-        row["stack_slices"] = true;  // the handler offsets the operand's pointer
+        row["stack_slices"] = true;      // the handler offsets the operand's pointer
+        row["reads_transposes"] = true;  // packing reads every layout (cpu/NOTES.md)
         row["inputs"] = every_float;
         row["outputs"] = every_float;
         // The ways it multiplies bfloat16 inputs (into a non-float64 result),

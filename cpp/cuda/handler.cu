@@ -199,7 +199,8 @@ std::vector<KernelFacts> KernelTable() {
   for (const KernelDescriptor* k : Ladder()) {
     const Takes& t = k->takes;
     table.push_back({k->name, RungOf(*k), k->listed, t.tensor_cores, t.true_fp32, t.min_capability,
-                     t.hopper_only, t.stack_slices, DtypeNames(t.inputs), DtypeNames(t.outputs)});
+                     t.hopper_only, t.stack_slices, t.reads_transposes, DtypeNames(t.inputs),
+                     DtypeNames(t.outputs)});
   }
   return table;
 }

@@ -202,6 +202,10 @@ struct Takes {
   // StackSlice, the index read on the device); for other kernels the handler
   // copies the slice out first.
   bool stack_slices = false;
+  // Reads an operand stored transposed as fast as one stored plainly (its
+  // copy-engine boxes or loads cost the same either way, measured), so the
+  // lowering passes a transpose as the kernel's flag instead of XLA's copy.
+  bool reads_transposes = false;
 
   constexpr bool TakesDtypes(Dtype in, Dtype out) const {
     return (inputs & DtypeBits(in)) && (outputs & DtypeBits(out));

@@ -15,13 +15,14 @@ namespace jax_tiled::cuda {
 // descriptor these come from).
 struct KernelFacts {
   std::string name;
-  int rung;            // its file's number, kernels/<rung>_<technique>.cu
-  bool listed;         // offered by jax_tiled.kernels(); false: for the test suite only
-  bool tensor_cores;   // computes on the tensor cores
-  bool true_fp32;      // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
-  int min_capability;  // major * 10 + minor
-  bool hopper_only;    // sm_90a instructions: capability 9.0 exactly
-  bool stack_slices;   // reads an operand given as a slice of a stack in place
+  int rung;               // its file's number, kernels/<rung>_<technique>.cu
+  bool listed;            // offered by jax_tiled.kernels(); false: for the test suite only
+  bool tensor_cores;      // computes on the tensor cores
+  bool true_fp32;         // float32 in true fp32 (precision HIGHEST); else TF32 / 3xTF32
+  int min_capability;     // major * 10 + minor
+  bool hopper_only;       // sm_90a instructions: capability 9.0 exactly
+  bool stack_slices;      // reads an operand given as a slice of a stack in place
+  bool reads_transposes;  // reads an operand stored transposed as fast as one stored plainly
   std::vector<std::string> inputs, outputs;  // numpy dtype names
 };
 

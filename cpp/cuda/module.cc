@@ -32,6 +32,7 @@ NB_MODULE(_cuda, m) {
           row["min_capability"] = k.min_capability;
           row["hopper_only"] = k.hopper_only;
           row["stack_slices"] = k.stack_slices;
+          row["reads_transposes"] = k.reads_transposes;
           row["inputs"] = k.inputs;
           row["outputs"] = k.outputs;
           table.append(row);

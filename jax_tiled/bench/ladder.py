@@ -120,11 +120,18 @@ def kernel_precision(kernel, dtype: str, requested: str | None) -> str:
     return "highest" if dtype == "float32" and kernel.true_fp32 else "default"
 
 
-def problem_of(shape: Shape) -> tuple:
-    """The canonical problem the rungs see (_ffi.ANY_PROBLEM's fields). On CUDA a
-    transposed operand reaches the kernel after XLA's transpose (the lowering's
-    READS_TRANSPOSES), so the layout is always plain."""
-    return (shape.batch, shape.batch, shape.m, shape.n, shape.k, False, False)
+def problem_of(shape: Shape, kernel: str, dtype: str, precision: str) -> tuple:
+    """The canonical problem a rung sees (_ffi.ANY_PROBLEM's fields): a
+    transposed operand as stored where the lowering reads it so for this
+    kernel (`_lowering.reads_as_stored`), else after XLA's transpose, plain."""
+    plain = (shape.batch, shape.batch, shape.m, shape.n, shape.k, False, False)
+    if not shape.transpose:
+        return plain
+    from jax_tiled import _lowering, _presets
+
+    stored = (*plain[:5], shape.transpose == "tA", shape.transpose == "tB")
+    run = _presets.resolve("cuda", precision, dtype, dtype)
+    return stored if _lowering.reads_as_stored("cuda", kernel, run, stored, plain) else plain
 
 
 def cuda_refusal(kernel: str, dtype: str, problem: tuple, precision: str) -> str:
@@ -171,7 +178,6 @@ def run_ladder(
 def _run_section(
     args, shape: Shape, dtype: str, section, budget: Budget, progress, refusal_of, plan_of
 ) -> list[LadderRow]:
-    problem = problem_of(shape)
     itemsize = np.dtype(jnp.dtype(dtype)).itemsize
     sets = make_inputs(
         shape, jnp.dtype(dtype), choose_sets(shape.input_bytes(itemsize), budget), args.seed
@@ -181,6 +187,7 @@ def _run_section(
         progress.describe(f"ladder {shape.name} {dtype} {precision} {kernel}")
         row = LadderRow(shape.name, dtype, precision, kernel, rung, len(sets))
         if rung is not None:
+            problem = problem_of(shape, kernel, dtype, precision)
             row.skipped = refusal_of(kernel, dtype, problem, precision) or None
         if row.skipped is None:
             fn = product_fn(shape, precision, kernel)
@@ -191,6 +198,7 @@ def _run_section(
     ours = []
     for kernel, precision in section:
         row = measure(kernel.name, kernel.rung, precision)
+        problem = problem_of(shape, kernel.name, dtype, precision)
         plan = None if row.skipped else plan_of(kernel.name, dtype, problem, precision)
         if plan is not None:
             row.plan, row.block_m, row.block_n = plan.text, plan.block_m, plan.block_n

@@ -1110,7 +1110,13 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
   }
 }
 
-inline constexpr Takes kWgmmaTakes = TensorCoreTakes(90, /*hopper_only=*/true);
+// Its copy-engine boxes land either major-ness at one speed (NOTES.md,
+// "Transposed operands read as stored").
+inline constexpr Takes kWgmmaTakes = [] {
+  Takes takes = TensorCoreTakes(90, /*hopper_only=*/true);
+  takes.reads_transposes = true;
+  return takes;
+}();
 
 // The plan for a product: WgmmaRewritingB where B is rewritten (3xTF32, or
 // TF32 with both operands stored MN-major), else 128 x 64 tiles for
