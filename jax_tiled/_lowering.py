@@ -161,8 +161,9 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
 
     Where the kernel that runs it reads transposes as fast as plain layouts
     (the kernel table's `reads_transposes`: the CPU kernel, CUDA's `wgmma`)
-    the copy is a pass over the operand for nothing: on CUDA a kernel, 9-13%
-    of a 4096^3 product and 2.7 times a skinny one's time (cpp/cuda/NOTES.md,
+    the copy is a pass over the operand for nothing: on an H100 a kernel that
+    took about a tenth of a 4096^3 product's time, and 1.7-1.8 times that of
+    a 64 x 4096 x 14336 product read as stored (cpp/cuda/NOTES.md,
     "Transposed operands read as stored"). For `auto` that kernel must be its
     choice both ways: as stored, rows the copy engine cannot read would send it
     to another. And not where the lowering would then copy b instead
