@@ -210,6 +210,38 @@ CUDA_CASES = [
 _OPS = {"a @ b.T": lambda a, b: (a, b.T), "a.T @ b": lambda a, b: (a.T, b)}
 
 
+def _cuda_case(precision, kernel, form):
+    """The case's function of the stored arrays."""
+
+    def f(a, b):
+        return jax_tiled.matmul(*_OPS[form](a, b), precision=precision, kernel=kernel)
+
+    return f
+
+
+def _expected_flags(hopper_flags):
+    """The flags the case's kernel gets on this machine's GPU (planned as a
+    Hopper one where there is none)."""
+    return hopper_flags if _ffi.cuda_compute_capability() == _ffi.HOPPER else (False, False)
+
+
+@pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
+@pytest.mark.parametrize(
+    "name,dtype,precision,kernel,shapes,form,hopper_flags",
+    CUDA_CASES,
+    ids=[c[0] for c in CUDA_CASES],
+)
+def test_the_cuda_lowering_decides_on_any_host(
+    name, dtype, precision, kernel, shapes, form, hopper_flags
+):
+    """The same decisions, lowered for CUDA without running: the planners need
+    no GPU (without one they plan for an H100)."""
+    f = _cuda_case(precision, kernel, form)
+    specs = [jax.ShapeDtypeStruct(shape, dtype) for shape in shapes]
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+    assert _flags(lowered) == [_expected_flags(hopper_flags)], lowered
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "name,dtype,precision,kernel,shapes,form,hopper_flags",
@@ -220,14 +252,10 @@ def test_cuda_reads_transposes_where_the_kernel_does(
     on_gpu, rng, name, dtype, precision, kernel, shapes, form, hopper_flags
 ):
     a, b = (jnp.asarray(random_array(rng, s, np.float32), dtype) for s in shapes)
-
-    def f(a, b):
-        return jax_tiled.matmul(*_OPS[form](a, b), precision=precision, kernel=kernel)
-
+    f = _cuda_case(precision, kernel, form)
     hlo = jax.jit(f).lower(a, b).compile().as_text()
-    on_hopper = _ffi.cuda_compute_capability() == _ffi.HOPPER
-    assert _flags(hlo) == [hopper_flags if on_hopper else (False, False)], hlo
-    if on_hopper and hopper_flags != (False, False):  # folded: no transpose left
+    assert _flags(hlo) == [_expected_flags(hopper_flags)], hlo
+    if _expected_flags(hopper_flags) != (False, False):  # folded: no transpose left
         assert not re.search(r"\btranspose\(", hlo), hlo
     a_op, b_op = _OPS[form](np.asarray(a), np.asarray(b))
     out = np.asarray(jax.jit(f)(a, b))
