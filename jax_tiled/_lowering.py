@@ -160,11 +160,12 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
     `run` the resolved preset (`_presets.resolve`).
 
     Where the kernel that runs it reads transposes as fast as plain layouts
-    (the kernel table's `reads_transposes`: the CPU kernel, CUDA's `wgmma`)
-    the copy is a pass over the operand for nothing: on an H100 a kernel that
-    took about a tenth of a 4096^3 product's time, and 1.7-1.8 times that of
-    a 64 x 4096 x 14336 product read as stored (cpp/cuda/NOTES.md,
-    "Transposed operands read as stored"). For `auto` that kernel must be its
+    (the kernel table's `reads_transposes`: the CPU kernel, CUDA's `mma` and
+    `wgmma`) the copy is a pass over the operand for nothing: on an H100 a
+    kernel that took about a tenth of a 4096^3 product's time, 1.7-1.8 times
+    that of a 64 x 4096 x 14336 product read as stored, and 2.3-2.8 us with a
+    launch before every small one (cpp/cuda/NOTES.md, "Transposed operands
+    read as stored"). For `auto` that kernel must be its
     choice both ways: as stored, rows the copy engine cannot read would send it
     to another. And not where the lowering would then copy b instead
     (copies_b_k_major: float32's `a.T @ b` on wgmma), which saves nothing."""
@@ -173,14 +174,11 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
         return all(k.reads_transposes for k in table.values())
     dtypes = (np.dtype(run.operand_dtype).name, np.dtype(run.product_dtype).name)
     if kernel == "auto":
-
-        def auto(problem):
-            return _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), run.precision)[
-                0
-            ]
-
-        name = auto(stored)
-        if name != auto(copied):
+        name, name_copied = (
+            _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), run.precision)[0]
+            for problem in (stored, copied)
+        )
+        if name != name_copied:
             return False
     elif _ffi.refusal(platform, kernel, *dtypes, stored, run.precision):
         return False

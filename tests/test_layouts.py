@@ -165,18 +165,77 @@ def test_symbolic_shapes_keep_the_copy_and_export(rng):
     assert_matmul_close(out, a, b.T, platform="cpu", precision="highest")
 
 
-# ---- CUDA: folded where the kernel reads transposes (wgmma), else copied ----
+# ---- CUDA: folded where the kernel reads transposes (mma, wgmma), else copied ----
 
 # (name, dtype, precision, kernel, stored shapes, the function of the stored
-#  arrays, op(a) and op(b), the flags on a Hopper GPU). Elsewhere nothing folds:
-# mma, the tensor-core kernel there, does not read transposes as fast.
+#  arrays, op(a) and op(b), the flags on a Hopper GPU, the flags on another
+#  GPU, where `mma` runs the tensor-core products).
 CUDA_CASES = [
-    ("bf16 a @ b.T", BF16, None, "auto", ((1024, 512), (768, 512)), "a @ b.T", (False, True)),
-    ("bf16 a.T @ b", BF16, None, "auto", ((512, 1024), (512, 768)), "a.T @ b", (True, False)),
-    ("tf32 a @ b.T", F32, None, "auto", ((1024, 512), (768, 512)), "a @ b.T", (False, True)),
-    # As stored, float32's a.T @ b would have b copied instead (copies_b_k_major).
-    ("tf32 a.T @ b", F32, None, "auto", ((512, 1024), (512, 768)), "a.T @ b", (False, False)),
-    # As stored, rows of 1023 bfloat16 are not the copy engine's: auto would run mma.
+    (
+        "bf16 a @ b.T",
+        BF16,
+        None,
+        "auto",
+        ((1024, 512), (768, 512)),
+        "a @ b.T",
+        (False, True),
+        (False, True),
+    ),
+    (
+        "bf16 a.T @ b",
+        BF16,
+        None,
+        "auto",
+        ((512, 1024), (512, 768)),
+        "a.T @ b",
+        (True, False),
+        (True, False),
+    ),
+    (
+        "tf32 a @ b.T",
+        F32,
+        None,
+        "auto",
+        ((1024, 512), (768, 512)),
+        "a @ b.T",
+        (False, True),
+        (False, True),
+    ),
+    # As stored, float32's a.T @ b would have b copied instead on wgmma
+    # (copies_b_k_major); mma reads it as stored.
+    (
+        "tf32 a.T @ b",
+        F32,
+        None,
+        "auto",
+        ((512, 1024), (512, 768)),
+        "a.T @ b",
+        (False, False),
+        (True, False),
+    ),
+    # Small products run on mma either way.
+    (
+        "bf16 small a @ b.T",
+        BF16,
+        None,
+        "auto",
+        ((128, 256), (192, 256)),
+        "a @ b.T",
+        (False, True),
+        (False, True),
+    ),
+    (
+        "tf32 small a.T @ b",
+        F32,
+        None,
+        "auto",
+        ((256, 128), (256, 192)),
+        "a.T @ b",
+        (True, False),
+        (True, False),
+    ),
+    # As stored, rows of 1023 bfloat16 are not the copy engine's: auto would
+    # run mma, and wgmma on the copy.
     (
         "bf16 a.T @ b, odd rows",
         BF16,
@@ -185,6 +244,7 @@ CUDA_CASES = [
         ((512, 1023), (512, 768)),
         "a.T @ b",
         (False, False),
+        (True, False),
     ),
     # The SIMT kernels were not measured reading transposes as fast.
     (
@@ -195,6 +255,7 @@ CUDA_CASES = [
         ((1024, 512), (768, 512)),
         "a @ b.T",
         (False, False),
+        (False, False),
     ),
     # Forced wgmma refuses 3xTF32's a.T @ b as stored: it gets the copy.
     (
@@ -204,6 +265,7 @@ CUDA_CASES = [
         "wgmma",
         ((512, 256), (512, 128)),
         "a.T @ b",
+        (False, False),
         (False, False),
     ),
 ]
@@ -219,43 +281,44 @@ def _cuda_case(precision, kernel, form):
     return f
 
 
-def _expected_flags(hopper_flags):
-    """The flags the case's kernel gets on this machine's GPU (planned as a
-    Hopper one where there is none)."""
-    return hopper_flags if _ffi.cuda_compute_capability() == _ffi.HOPPER else (False, False)
+def _expected_flags(hopper_flags, other_flags):
+    """The flags the case gets on this machine's GPU (planned as a Hopper one
+    where there is none)."""
+    return hopper_flags if _ffi.cuda_compute_capability() == _ffi.HOPPER else other_flags
 
 
 @pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
 @pytest.mark.parametrize(
-    "name,dtype,precision,kernel,shapes,form,hopper_flags",
+    "name,dtype,precision,kernel,shapes,form,hopper_flags,other_flags",
     CUDA_CASES,
     ids=[c[0] for c in CUDA_CASES],
 )
 def test_the_cuda_lowering_decides_on_any_host(
-    name, dtype, precision, kernel, shapes, form, hopper_flags
+    name, dtype, precision, kernel, shapes, form, hopper_flags, other_flags
 ):
     """The same decisions, lowered for CUDA without running: the planners need
     no GPU (without one they plan for an H100)."""
     f = _cuda_case(precision, kernel, form)
     specs = [jax.ShapeDtypeStruct(shape, dtype) for shape in shapes]
     lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
-    assert _flags(lowered) == [_expected_flags(hopper_flags)], lowered
+    assert _flags(lowered) == [_expected_flags(hopper_flags, other_flags)], lowered
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "name,dtype,precision,kernel,shapes,form,hopper_flags",
+    "name,dtype,precision,kernel,shapes,form,hopper_flags,other_flags",
     CUDA_CASES,
     ids=[c[0] for c in CUDA_CASES],
 )
 def test_cuda_reads_transposes_where_the_kernel_does(
-    on_gpu, rng, name, dtype, precision, kernel, shapes, form, hopper_flags
+    on_gpu, rng, name, dtype, precision, kernel, shapes, form, hopper_flags, other_flags
 ):
     a, b = (jnp.asarray(random_array(rng, s, np.float32), dtype) for s in shapes)
     f = _cuda_case(precision, kernel, form)
     hlo = jax.jit(f).lower(a, b).compile().as_text()
-    assert _flags(hlo) == [_expected_flags(hopper_flags)], hlo
-    if _expected_flags(hopper_flags) != (False, False):  # folded: no transpose left
+    expected = _expected_flags(hopper_flags, other_flags)
+    assert _flags(hlo) == [expected], hlo
+    if expected != (False, False):  # folded: no transpose left
         assert not re.search(r"\btranspose\(", hlo), hlo
     a_op, b_op = _OPS[form](np.asarray(a), np.asarray(b))
     out = np.asarray(jax.jit(f)(a, b))

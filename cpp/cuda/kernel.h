@@ -101,9 +101,6 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
-  // The epilogue writes C straight from registers, not staged in shared
-  // memory for the copy engine (wgmma's TF32 over long K: NOTES.md).
-  bool stores_from_registers = false;
   // Set where the width was chosen at run time (kernel 1's "smem").
   RuntimeWidth runtime_width{};
   // Describe's words in place of "block_m x block_n tiles", for a kernel whose

@@ -161,7 +161,6 @@ std::string LaunchPlan::Describe() const {
             std::to_string(split_k) + " blocks (partial sums added in rank order)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
-  if (stores_from_registers) text += ", C stored from registers";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

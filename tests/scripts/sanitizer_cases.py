@@ -50,36 +50,38 @@ DEEP_SHAPE = (136, 40000, 72)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 
 
-def precisions(kernel: str, dtype, problem) -> list:
+def precisions(kernel: str, dtype, out_dtype, problem) -> list:
     """HIGHEST where the kernel takes it (it then computes the same at every
     precision), else float32's TF32 (DEFAULT) and 3xTF32 (HIGH) paths on the
     tensor-core kernels; none where the kernel refuses the problem."""
-    if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, lax.Precision.HIGHEST):
+    if not _ffi.refusal("cuda", kernel, dtype, out_dtype, problem, lax.Precision.HIGHEST):
         return [lax.Precision.HIGHEST]
     return [
         p
         for p in (lax.Precision.DEFAULT, lax.Precision.HIGH)
-        if not _ffi.refusal("cuda", kernel, dtype, dtype, problem, p)
+        if not _ffi.refusal("cuda", kernel, dtype, out_dtype, problem, p)
     ]
 
 
 def run_kernel(kernel: str) -> None:
     rng = np.random.default_rng(0)
-    cases = [(shape, dtype) for shape in SHAPES for dtype in DTYPES] + [
-        (LARGE_SHAPE, np.float32),
-        (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16),
-        (DEEP_SHAPE, np.float32),
-        (DEEP_SHAPE, jnp.bfloat16),
+    cases = [(shape, dtype, dtype) for shape in SHAPES for dtype in DTYPES] + [
+        (LARGE_SHAPE, np.float32, np.float32),
+        (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, jnp.bfloat16),
+        # 16-bit inputs into float32: the Hopper kernel's wider staged output.
+        (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, np.float32),
+        (DEEP_SHAPE, np.float32, np.float32),
+        (DEEP_SHAPE, jnp.bfloat16, jnp.bfloat16),
     ]
     layouts = list(itertools.product((False, True), repeat=2))
     cases = [
-        ((m, k, n), dtype, ta, tb, precision)
-        for (m, k, n), dtype in cases
+        ((m, k, n), dtype, out_dtype, ta, tb, precision)
+        for (m, k, n), dtype, out_dtype in cases
         for ta, tb in layouts
-        for precision in precisions(kernel, dtype, (1, 1, m, n, k, ta, tb))
+        for precision in precisions(kernel, dtype, out_dtype, (1, 1, m, n, k, ta, tb))
     ]
     with jax.enable_x64(True):
-        for (m, k, n), dtype, ta, tb, precision in cases:
+        for (m, k, n), dtype, out_dtype, ta, tb, precision in cases:
             a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
             b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
             out = jax_tiled.tiled_matmul_p.bind(
@@ -87,7 +89,7 @@ def run_kernel(kernel: str) -> None:
                 jnp.asarray(b)[None],
                 transpose_a=ta,
                 transpose_b=tb,
-                out_dtype=np.dtype(dtype),
+                out_dtype=np.dtype(out_dtype),
                 precision=precision,
                 kernel=kernel,
             )[0]

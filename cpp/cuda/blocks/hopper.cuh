@@ -408,6 +408,17 @@ __device__ __forceinline__ void FenceAccumulators(float (&acc)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+// An accumulator's bits, for a store, through a register move. A shared-memory
+// store that reads wgmma's accumulator registers themselves (float32 output
+// staged as is) had ptxas serialise every wgmma of the kernel, "insufficient
+// register resources for the wgmma pipeline" (C7511); read through a move
+// it does not, and the move costs nothing where ptxas can fold it.
+__device__ __forceinline__ uint32_t AccumulatorBits(float x) {
+  uint32_t bits;
+  asm("mov.b32 %0, %1;\n" : "=r"(bits) : "f"(x));
+  return bits;
+}
+
 // Register budgets per warpgroup (setmaxnreg): the producer gives registers
 // back so the consumers' accumulators fit.
 template <int kRegisters>

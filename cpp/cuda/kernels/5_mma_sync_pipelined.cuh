@@ -619,6 +619,11 @@ cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const 
 inline constexpr Takes kMmaTakes = [] {
   Takes takes = TensorCoreTakes(80, /*hopper_only=*/false);
   takes.stack_slices = true;
+  // Each operand's tile reaches shared memory as stored (cp.async) and
+  // ldmatrix reads it either way: every layout ran at the plain layout's
+  // speed on an H100, where XLA's copy first cost 2.3-2.8 us (NOTES.md,
+  // "Transposed operands read as stored").
+  takes.reads_transposes = true;
   return takes;
 }();
 

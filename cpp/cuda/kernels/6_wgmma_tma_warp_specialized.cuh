@@ -657,13 +657,14 @@ struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
           // C's column r in box r / kBoxColumns, its rows c and c + 1 of the step.
           const uint32_t box_row = r / kBoxColumns * kBoxRows + c;
           hopper::StoreShared(buffer + Buffer::ElementOffset(box_row, r % kBoxColumns),
-                              __float_as_uint(x));
+                              hopper::AccumulatorBits(x));
           hopper::StoreShared(buffer + Buffer::ElementOffset(box_row + 1, r % kBoxColumns),
-                              __float_as_uint(y));
+                              hopper::AccumulatorBits(y));
         } else {
           const uint32_t at = buffer + Buffer::ElementOffset(r, c);
           if constexpr (std::is_same_v<Out, float>)
-            hopper::StoreShared2(at, make_uint2(__float_as_uint(x), __float_as_uint(y)));
+            hopper::StoreShared2(
+                at, make_uint2(hopper::AccumulatorBits(x), hopper::AccumulatorBits(y)));
           else hopper::StoreShared(at, PackPair<Out>(x, y));
         }
       }
@@ -1021,28 +1022,16 @@ using WgmmaEpilogue = std::conditional_t<
                        WgmmaRegisterEpilogue<Cfg, Ops, Out>, WgmmaTmaStoreEpilogue<Cfg, Ops, Out>>>;
 
 // A kernel's shared memory: its stages and barriers, then its epilogue's.
-template <class Cfg, class Ops, class Out, class Epilogue = WgmmaEpilogue<Cfg, Ops, Out>>
+template <class Cfg, class Ops, class Out>
 inline constexpr int kWgmmaSharedBytes =
     WgmmaTiles<Cfg, Ops>::kSharedBytes + WgmmaTiles<Cfg, Ops>::kEpilogueAlignment +
-    Epilogue::kSharedBytes;
+    WgmmaEpilogue<Cfg, Ops, Out>::kSharedBytes;
 
-// TF32 products up to this deep stage C for the copy engine; deeper ones
-// store it from registers (WgmmaStoresFromRegisters).
-inline constexpr int64_t kTf32StagedStoreDepth = 256;
-
-// Whether a product's plan has the epilogue store C from registers: TF32
-// deeper than kTf32StagedStoreDepth. There the staged epilogue measured 15-25%
-// slower on the H100 (2048^3 to 8192^3; the same kernel with its staging
-// switched off at run time was as slow, so the cost is in how the
-// consumers compile, not in the stores), and at K = 128 18% faster.
-inline bool WgmmaStoresFromRegisters(const Product& p) {
-  return p.in_type == Dtype::kF32 && p.dims.k > kTf32StagedStoreDepth;
-}
-
-template <class Cfg, class Ops, class Out, class Epilogue>
+template <class Cfg, class Ops, class Out>
 cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
                               const LaunchPlan& plan) {
   using In = typename Ops::In;
+  using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
   using Tiles = WgmmaTiles<Cfg, Ops>;
   const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
@@ -1057,7 +1046,7 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows), &b_map, kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
-  constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out, Epilogue>;
+  constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out>;
   static_assert(kShared <= 227 * 1024, "past a Hopper block's shared memory");
   if (cudaError_t err = AllowSharedMemory<kernel>(kShared)) return err;
   typename Epilogue::Params params = Epilogue::ParamsFor(dims, out);
@@ -1078,17 +1067,6 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   return Epilogue::FixUp(params, dims, plan, context);
 }
 
-// The kernel with the epilogue the plan names.
-template <class Cfg, class Ops, class Out>
-cudaError_t LaunchWgmmaWith(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
-                            const LaunchPlan& plan) {
-  if constexpr (Ops::kTf32 && !Cfg::kSplitK)
-    if (plan.stores_from_registers)
-      return LaunchWgmmaKernel<Cfg, Ops, Out, WgmmaRegisterEpilogue<Cfg, Ops, Out>>(w, out, context,
-                                                                                    plan);
-  return LaunchWgmmaKernel<Cfg, Ops, Out, WgmmaEpilogue<Cfg, Ops, Out>>(w, out, context, plan);
-}
-
 template <class Cfg, class In, class Out, bool kSplit>
 cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
                                const LaunchPlan& plan) {
@@ -1096,17 +1074,17 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
   if constexpr (std::is_same_v<In, float>) {  // B is K-major: LaunchWgmmaFor rewrites it else
     if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
-                                                                                plan);
+      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
+                                                                                  plan);
     if (a_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, plan);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, plan);
+      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, plan);
+    return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, plan);
   } else {
     if (a_mn && b_mn)
-      return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, true>>(w, out, context, plan);
-    if (a_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, true, false>>(w, out, context, plan);
-    if (b_mn) return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, true>>(w, out, context, plan);
-    return LaunchWgmmaWith<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
+      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, true>>(w, out, context, plan);
+    if (a_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false>>(w, out, context, plan);
+    if (b_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, true>>(w, out, context, plan);
+    return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
   }
 }
 
@@ -1125,7 +1103,7 @@ inline constexpr Takes kWgmmaTakes = [] {
 // clusters where the tiles alone would leave most SMs idle, else 128 x 128
 // tiles; swapped for TF32 with B stored MN-major and A not. Whole tiles run
 // on a persistent grid of one block per SM (whole clusters), or per tile
-// where there are fewer, and store C from registers for TF32 over long K.
+// where there are fewer.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
@@ -1137,10 +1115,7 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     using Scheduler = WgmmaScheduler<Cfg, WgmmaOperands<__half, false, false>>;
     const int64_t clusters =
         std::min<int64_t>(Scheduler::Units(arranged), multiprocessors / Cfg::kClusterM);
-    LaunchPlan whole_tiles =
-        PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
-    whole_tiles.stores_from_registers = WgmmaStoresFromRegisters(p);
-    return whole_tiles;
+    return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
   };
   if (WgmmaTransposesB(p.in_type == Dtype::kF32, p.dims)) {
     LaunchPlan transposing = plan(WgmmaRewritingB{});
@@ -1179,7 +1154,8 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (kTf32) {
       if (plan.transposes_b)  // A and B both MN-major: the only such TF32 instance
         return WithConfig<WgmmaRewritingB>(plan, [&](auto cfg) {
-          return LaunchWgmmaWith<decltype(cfg), WgmmaOperands<In, true, true>>(w, c, context, plan);
+          return LaunchWgmmaKernel<decltype(cfg), WgmmaOperands<In, true, true>>(w, c, context,
+                                                                                 plan);
         });
       if (p.SplitsTf32())
         return WithConfig<WgmmaRewritingB>(plan, [&](auto cfg) {
