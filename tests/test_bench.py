@@ -45,6 +45,58 @@ def test_bench_runs_and_writes_json(tmp_path):
     assert all(row.get("error") is None for row in result["rows"])
 
 
+def test_out_dtype_times_16_bit_products_into_float32_too(tmp_path, monkeypatch, capsys):
+    """--out-dtype same,float32: each 16-bit product twice, the second into
+    float32 for ours and the peer alike (its own peer row, ratio and geometric
+    mean); float32 operands once."""
+    asked = {"ours": set(), "peer": set()}
+    ours, peer = jax_tiled.matmul, jnp.matmul
+
+    def recording(record, mm):
+        def wrapped(a, b, *, preferred_element_type=None, **kwargs):
+            asked[record].add((np.dtype(a.dtype).name, preferred_element_type))
+            return mm(a, b, preferred_element_type=preferred_element_type, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(jax_tiled, "matmul", recording("ours", ours))
+    monkeypatch.setattr(jnp, "matmul", recording("peer", peer))
+    out = tmp_path / "wide.json"
+    argv = ["--shapes", "96x64x80", "--dtype", "bfloat16,float32", "--kernels", "auto"]
+    argv += ["--precision", "default", "--out-dtype", "same,float32", "--repeats", "5"]
+    assert cli.main([*argv, "--no-progress", "--no-pallas", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["dtype"], r["out_dtype"], r["kernel"]) for r in rows] == [
+        ("bfloat16", None, "jnp.matmul"),
+        ("bfloat16", None, "auto"),
+        ("bfloat16", "float32", "jnp.matmul"),
+        ("bfloat16", "float32", "auto"),
+        ("float32", None, "jnp.matmul"),
+        ("float32", None, "auto"),
+    ]
+    assert all(r["error"] is None and r["rel_error"] < 1e-2 for r in rows)
+    # into float32 the result is float32's rounding, not bfloat16's
+    wide = [r for r in rows if r["out_dtype"]]
+    assert all(r["rel_error"] < 1e-5 for r in wide), wide
+    for who in ("ours", "peer"):
+        assert asked[who] == {("bfloat16", None), ("bfloat16", "float32"), ("float32", None)}
+    printed = capsys.readouterr().out
+    assert "bfloat16->float32" in printed.split("geometric mean")[1]
+
+
+@pytest.mark.parametrize("mode", ["--accuracy", "--chain", "--train-step"])
+def test_out_dtype_goes_with_the_product_suite(mode, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args([mode, "--out-dtype", "float32"])
+    assert "--out-dtype goes with the product suite" in capsys.readouterr().err
+
+
+def test_an_unknown_out_dtype_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--out-dtype", "float16"])
+    assert "unknown output dtype ['float16']" in capsys.readouterr().err
+
+
 def test_text_table_has_every_column_on_every_row(capsys):
     """A row without a bandwidth figure (not skinny) still fills that cell, so
     splitting a line on whitespace gives each column where the header has it."""

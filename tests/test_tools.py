@@ -49,6 +49,26 @@ def test_no_loss_exits_zero(tmp_path):
     assert compare(base, run).returncode == 0
 
 
+def test_a_product_into_float32_is_its_own_row(tmp_path):
+    """A --out-dtype row is matched with the same output's row only: not with the
+    16-bit product's, and not with a baseline written before the field existed."""
+    base = bench_json(tmp_path / "base.json", "GPU", {"a": 1.0})
+    run = json.loads(bench_json(tmp_path / "run.json", "GPU", {"a": 1.0}).read_text())
+    wide = [{**row, "out_dtype": "float32", "ratio": row["ratio"] and 0.5} for row in run["rows"]]
+    run["rows"] += wide
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    result = compare(base, tmp_path / "run.json")
+    assert result.returncode == 0, result.stdout
+    assert "a bfloat16->float32 default auto: new" in result.stdout
+    wider = json.loads((tmp_path / "run.json").read_text())
+    for row in wider["rows"]:
+        row["ratio"] = row["ratio"] and (0.4 if row.get("out_dtype") else 1.0)
+    (tmp_path / "later.json").write_text(json.dumps(wider))
+    result = compare(tmp_path / "run.json", tmp_path / "later.json")
+    flagged = [line.split()[:2] for line in result.stdout.splitlines() if "REGRESSION" in line]
+    assert result.returncode == 1 and flagged == [["a", "bfloat16->float32"]]
+
+
 def test_refuses_runs_on_different_devices(tmp_path):
     base = bench_json(tmp_path / "base.json", "H100", {"a": 0.9})
     run = bench_json(tmp_path / "run.json", "H200", {"a": 0.9})

@@ -3,7 +3,7 @@
     python tools/compare_baseline.py docs/perf/h100-2026-11-23-baseline-tf32-bf16.json run.json
 
 Both files are `python -m jax_tiled.bench --json` output. A row is matched by
-shape, dtype, precision and kernel; what is compared is the ratio against the
+shape, dtype, output dtype, precision and kernel; what is compared is the ratio against the
 peer measured in the same run (peer time / kernel time), since the peer's own
 time moves between processes and machines. Every matched row that lost more
 than --threshold (default 3%) is printed as a regression and the exit status
@@ -18,10 +18,17 @@ import json
 import sys
 
 
+def _dtype_label(row: dict) -> str:
+    out = row.get("out_dtype")
+    return f"{row['dtype']}->{out}" if out else row["dtype"]
+
+
 def rows_by_key(run: dict) -> dict:
-    """The run's kernel rows (not the peer's) with a ratio, by (shape, dtype, precision, kernel)."""
+    """The run's kernel rows (not the peer's) with a ratio, by (shape, dtype, precision,
+    kernel); the dtype is "bfloat16->float32" for products into another dtype
+    (--out-dtype; runs before it have no out_dtype)."""
     return {
-        (r["shape"], r["dtype"], r["precision"], r["kernel"]): r
+        (r["shape"], _dtype_label(r), r["precision"], r["kernel"]): r
         for r in run["rows"]
         if r.get("ratio") is not None
     }
@@ -31,8 +38,9 @@ def compare(baseline: dict, run: dict, threshold: float) -> tuple[list[str], boo
     """Report lines, and whether any row regressed by more than `threshold`."""
     old, new = rows_by_key(baseline), rows_by_key(run)
     lines, regressed = [], False
+    dtype_width = max([9, *(len(key[1]) for key in old.keys() | new.keys())])
     lines.append(
-        f"{'shape':<14} {'dtype':<9} {'precision':<9} {'kernel':<8} "
+        f"{'shape':<14} {'dtype':<{dtype_width}} {'precision':<9} {'kernel':<8} "
         f"{'base':>6} {'now':>6} {'change':>7}"
     )
     for key in sorted(old.keys() & new.keys()):
@@ -43,8 +51,8 @@ def compare(baseline: dict, run: dict, threshold: float) -> tuple[list[str], boo
             flag, regressed = "  REGRESSION", True
         shape, dtype, precision, kernel = key
         lines.append(
-            f"{shape:<14} {dtype:<9} {precision:<9} {kernel:<8} {before:>6.3f} {after:>6.3f} "
-            f"{100 * change:>+6.1f}%{flag}"
+            f"{shape:<14} {dtype:<{dtype_width}} {precision:<9} {kernel:<8} "
+            f"{before:>6.3f} {after:>6.3f} {100 * change:>+6.1f}%{flag}"
         )
     for label, keys in (
         ("only in the baseline", old.keys() - new.keys()),

@@ -26,6 +26,7 @@ from jax_tiled.bench.chains import (
 from jax_tiled.bench.harness import (
     AGREEMENT_TEXT,
     DTYPES,
+    OUT_DTYPES,
     PRECISIONS,
     PRESETS,
     TRUTH_TEXT,
@@ -79,6 +80,15 @@ def parse_args(argv):
         help=f"dtype(s), repeatable or comma-separated: {', '.join(DTYPES)} "
         "(default float32; --train-step: bfloat16; --accuracy: float32, "
         "bfloat16, float16)",
+    )
+    p.add_argument(
+        "--out-dtype",
+        action="append",
+        metavar="OUT",
+        help="the products' output dtype(s), repeatable or comma-separated: "
+        "same (the operands', the default) or float32 (preferred_element_type: "
+        "16-bit operands into float32, as mixed-precision training asks; a "
+        "second row per 16-bit product; the product suite only)",
     )
     p.add_argument(
         "--precision",
@@ -286,11 +296,18 @@ def parse_args(argv):
         "--ladder": list(ladder.DEFAULT_DTYPES),
     }.get(mode, ["float32"])
     args.dtype = _split(args.dtype) or default_dtypes
+    if mode and args.out_dtype:
+        p.error(
+            f"--out-dtype goes with the product suite, not {mode}"
+            + (" (which measures 16-bit products into float32 too)" if mode == "--accuracy" else "")
+        )
+    args.out_dtype = _split(args.out_dtype) or ["same"]
     args.precision = [v.lower() for v in _split(args.precision) or []] or None
     args.kernels = _split(args.kernels)
     args.shapes = _split(args.shapes)
     for value, allowed, what in (
         (args.dtype, DTYPES, "dtype"),
+        (args.out_dtype, OUT_DTYPES, "output dtype"),
         (args.precision or [], (*PRECISIONS, *PRESETS), "precision"),
     ):
         bad = [v for v in value if v not in allowed]

@@ -32,6 +32,8 @@ PEER = "jnp.matmul"
 PALLAS = "pallas"
 PEERS = (PEER, PALLAS)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+# The product suite's output dtypes (--out-dtype): the operands', or float32.
+OUT_DTYPES = ("same", "float32")
 PRECISIONS = ("default", "high", "highest")
 
 # The peer's precision per row precision: 3xTF32 offers HIGHEST's accuracy, so it is

@@ -52,16 +52,16 @@ def write_plot(path: str, info: dict, rows: list[Row]) -> None:
 
 
 def _plot_panels(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
-    """(dtype, precision) -> its kernel rows and the peer rows they compare with."""
+    """(dtype label, precision) -> its kernel rows and the peer rows they compare with."""
     panels: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         if not row.is_peer:
-            panels.setdefault((row.dtype, row.precision), []).append(row)
-    for (dtype, precision), prows in panels.items():
+            panels.setdefault((row.dtype_label, row.precision), []).append(row)
+    for (label, precision), prows in panels.items():
         prows += [
             r
             for r in rows
-            if r.is_peer and r.dtype == dtype and r.precision == peer_precision(precision)
+            if r.is_peer and r.dtype_label == label and r.precision == peer_precision(precision)
         ]
     return panels
 

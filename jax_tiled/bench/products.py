@@ -70,6 +70,7 @@ class Row(VersusPeer):
     precision: str
     kernel: str
     sets: int
+    out_dtype: str | None = None  # the products' dtype where not the operands' (--out-dtype)
     ms: float | None = None
     tflops: float | None = None
     gbps: float | None = None
@@ -86,6 +87,11 @@ class Row(VersusPeer):
     config: str | None = None  # a PALLAS row: the fastest config's name
     sweep: list[pallas.SweepEntry] | None = None  # a PALLAS row: each config's timing
 
+    @property
+    def dtype_label(self) -> str:
+        """The operands' dtype, and the products' where they differ (bfloat16->float32)."""
+        return f"{self.dtype}->{self.out_dtype}" if self.out_dtype else self.dtype
+
 
 def measure_row(
     shape: Shape,
@@ -97,8 +103,10 @@ def measure_row(
     args,
     budget: Budget,
     describe=lambda text: None,
+    out_dtype: str | None = None,
 ) -> Row:
-    """One row: PEER, PALLAS (its sweep; describe(config) as each starts) or a kernel."""
+    """One row: PEER, PALLAS (its sweep; describe(config) as each starts) or a kernel,
+    into out_dtype (None: the operands' dtype)."""
     row = Row(
         shape.name,
         shape.batch,
@@ -110,7 +118,11 @@ def measure_row(
         precision,
         kernel,
         len(sets),
+        out_dtype,
     )
+    if kernel == PALLAS and out_dtype:
+        row.not_applicable = "the Pallas kernel writes the operands' dtype"
+        return row
     if kernel == PALLAS:
         timing = pallas.sweep_into(
             row, shape, sets, args, budget, describe, keep_first=ref is not None
@@ -118,7 +130,7 @@ def measure_row(
     else:
         timing = measure_into(
             row,
-            product_fn(shape, precision, kernel),
+            product_fn(shape, precision, kernel, out_dtype),
             sets,
             shape.flops,
             args,
@@ -128,10 +140,19 @@ def measure_row(
     if timing is None:
         return row
     if shape.skinny:
-        row.gbps = shape.bytes_moved(np.dtype(dtype).itemsize) / timing.seconds / 1e9
+        itemsize = np.dtype(dtype).itemsize
+        out_itemsize = np.dtype(out_dtype or dtype).itemsize
+        row.gbps = shape.bytes_moved(itemsize, out_itemsize) / timing.seconds / 1e9
     if ref is not None:
         row.rel_error = relative_error(timing.first, ref)
     return row
+
+
+def out_dtypes(args, dtype: str) -> list[str | None]:
+    """The output dtypes --out-dtype asks of the dtype's products (None: the
+    operands'); float32 only where it is not the operands' dtype already."""
+    outs = [None if out in ("same", dtype) else out for out in args.out_dtype]
+    return list(dict.fromkeys(outs))
 
 
 def plan(args) -> list[tuple[Shape, str, list[str]]]:
@@ -157,15 +178,23 @@ def run_shape(
     small = shape.batch * shape.m * shape.n * shape.k <= CHECK_MAX_MNK
     ref = reference(shape, sets) if args.check and small else None
 
-    def measure(precision, kernel):
-        label = f"{shape.name} {dtype} {precision} {kernel}"
-        progress.describe(label)
-        describe = lambda config: progress.describe(f"{label} {config}")
-        row = measure_row(shape, dtype, precision, kernel, sets, ref, args, budget, describe)
-        progress.step()
-        return row
+    rows = []
+    for out_dtype in out_dtypes(args, dtype):
 
-    return measure_against_peers(kernels, measure, peers_of(args))
+        def measure(precision, kernel, out_dtype=out_dtype):
+            label = (
+                f"{shape.name} {dtype}{'->' + out_dtype if out_dtype else ''} {precision} {kernel}"
+            )
+            progress.describe(label)
+            describe = lambda config: progress.describe(f"{label} {config}")
+            row = measure_row(
+                shape, dtype, precision, kernel, sets, ref, args, budget, describe, out_dtype
+            )
+            progress.step()
+            return row
+
+        rows += measure_against_peers(kernels, measure, peers_of(args))
+    return rows
 
 
 def peers_of(args) -> tuple[str, ...]:
@@ -181,7 +210,8 @@ def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
     ]
     rows = []
     with Progress(
-        sum(count_rows(ks, peers_of(args)) for _, _, ks in work), enabled=not args.no_progress
+        sum(count_rows(ks, peers_of(args)) * len(out_dtypes(args, dtype)) for _, dtype, ks in work),
+        enabled=not args.no_progress,
     ) as progress:
         for shape, dtype, precision_kernels in work:
             rows += run_shape(shape, dtype, precision_kernels, args, budget, progress)

@@ -31,11 +31,12 @@ HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 203
 
 def geomeans(rows: list[Row]) -> list[dict]:
     """Per (dtype, precision, kernel): the geometric mean and minimum of the ratios to
-    jnp.matmul, and under "pallas" those to the Pallas peer where a row has one."""
+    jnp.matmul, and under "pallas" those to the Pallas peer where a row has one. The
+    dtype is the row's label: products into float32 are their own group."""
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
         if not row.is_peer:
-            groups.setdefault((row.dtype, row.precision, row.kernel), []).append(row)
+            groups.setdefault((row.dtype_label, row.precision, row.kernel), []).append(row)
     summary = []
     for (dtype, precision, kernel), group in groups.items():
         r = [row.ratio for row in group if row.ratio]
@@ -153,7 +154,7 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
 
 
 def _row_cells(row: Row, hbm: float | None, pallas: bool) -> tuple[str, ...]:
-    lead = (row.shape, row.dtype, row.precision, row.kernel, str(row.sets))
+    lead = (row.shape, row.dtype_label, row.precision, row.kernel, str(row.sets))
     ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     pallas_ratio = "peer" if row.is_peer else _fmt(row.pallas_ratio, ".3f")
     return lead + (
@@ -280,12 +281,13 @@ def _accuracy_cells(row: AccuracyRow) -> tuple[str, ...]:
 
 def format_geomeans(summary: list[dict]) -> str:
     out = ["geometric mean of ratios (peer time / kernel time):"]
-    # a preset's name is wider than a precision's
+    # a preset's name is wider than a precision's, "bfloat16->float32" than a dtype's
     precision_width = max([8, *(len(g["precision"]) for g in summary)])
+    dtype_width = max([9, *(len(g["dtype"]) for g in summary)])
     for g in summary:
         vs_pallas = g.get("pallas")
         out.append(
-            f"  {g['dtype']:<9} {g['precision']:<{precision_width}} {g['kernel']:<12} "
+            f"  {g['dtype']:<{dtype_width}} {g['precision']:<{precision_width}} {g['kernel']:<12} "
             f"{_fmt(g['geomean'], '.3f'):>6}x  over {g['n']} shapes, "
             f"min {_fmt(g['min'], '.3f')}x, {g['below_0.8']} below 0.8x"
             + (f", {g['failed']} failed" if g["failed"] else "")

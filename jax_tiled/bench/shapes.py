@@ -83,9 +83,11 @@ class Shape:
     def skinny(self) -> bool:
         return min(self.m, self.n, self.k) <= SKINNY
 
-    def bytes_moved(self, itemsize: int) -> int:
-        """Each input read once and the output written once."""
-        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n) * itemsize
+    def bytes_moved(self, itemsize: int, out_itemsize: int | None = None) -> int:
+        """Each input read once and the output (of out_itemsize bytes an element,
+        default the inputs') written once."""
+        out_itemsize = itemsize if out_itemsize is None else out_itemsize
+        return self.input_bytes(itemsize) + self.batch * self.m * self.n * out_itemsize
 
     def input_bytes(self, itemsize: int) -> int:
         return self.batch * (self.m * self.k + self.k * self.n) * itemsize
