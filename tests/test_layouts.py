@@ -170,104 +170,28 @@ def test_symbolic_shapes_keep_the_copy_and_export(rng):
 # (name, dtype, precision, kernel, stored shapes, the function of the stored
 #  arrays, op(a) and op(b), the flags on a Hopper GPU, the flags on another
 #  GPU, where `mma` runs the tensor-core products).
+A_BT, AT_B = ((1024, 512), (768, 512)), ((512, 1024), (512, 768))  # stored, 1024 x 512 x 768
+SMALL_A_BT, SMALL_AT_B = ((128, 256), (192, 256)), ((256, 128), (256, 192))  # 128 x 256 x 192
+ODD_AT_B = ((512, 1023), (512, 768))  # a's rows of 1023: 2046 bytes
+HIGH_AT_B = ((512, 256), (512, 128))  # 256 x 512 x 128
+FOLDS_A, FOLDS_B, COPIED = (True, False), (False, True), (False, False)
 CUDA_CASES = [
-    (
-        "bf16 a @ b.T",
-        BF16,
-        None,
-        "auto",
-        ((1024, 512), (768, 512)),
-        "a @ b.T",
-        (False, True),
-        (False, True),
-    ),
-    (
-        "bf16 a.T @ b",
-        BF16,
-        None,
-        "auto",
-        ((512, 1024), (512, 768)),
-        "a.T @ b",
-        (True, False),
-        (True, False),
-    ),
-    (
-        "tf32 a @ b.T",
-        F32,
-        None,
-        "auto",
-        ((1024, 512), (768, 512)),
-        "a @ b.T",
-        (False, True),
-        (False, True),
-    ),
+    ("bf16 a @ b.T", BF16, None, "auto", A_BT, "a @ b.T", FOLDS_B, FOLDS_B),
+    ("bf16 a.T @ b", BF16, None, "auto", AT_B, "a.T @ b", FOLDS_A, FOLDS_A),
+    ("tf32 a @ b.T", F32, None, "auto", A_BT, "a @ b.T", FOLDS_B, FOLDS_B),
     # As stored, float32's a.T @ b would have b copied instead on wgmma
     # (copies_b_k_major); mma reads it as stored.
-    (
-        "tf32 a.T @ b",
-        F32,
-        None,
-        "auto",
-        ((512, 1024), (512, 768)),
-        "a.T @ b",
-        (False, False),
-        (True, False),
-    ),
+    ("tf32 a.T @ b", F32, None, "auto", AT_B, "a.T @ b", COPIED, FOLDS_A),
     # Small products run on mma either way.
-    (
-        "bf16 small a @ b.T",
-        BF16,
-        None,
-        "auto",
-        ((128, 256), (192, 256)),
-        "a @ b.T",
-        (False, True),
-        (False, True),
-    ),
-    (
-        "tf32 small a.T @ b",
-        F32,
-        None,
-        "auto",
-        ((256, 128), (256, 192)),
-        "a.T @ b",
-        (True, False),
-        (True, False),
-    ),
+    ("bf16 small a @ b.T", BF16, None, "auto", SMALL_A_BT, "a @ b.T", FOLDS_B, FOLDS_B),
+    ("tf32 small a.T @ b", F32, None, "auto", SMALL_AT_B, "a.T @ b", FOLDS_A, FOLDS_A),
     # As stored, rows of 1023 bfloat16 are not the copy engine's: auto would
     # run mma, and wgmma on the copy.
-    (
-        "bf16 a.T @ b, odd rows",
-        BF16,
-        None,
-        "auto",
-        ((512, 1023), (512, 768)),
-        "a.T @ b",
-        (False, False),
-        (True, False),
-    ),
+    ("bf16 a.T @ b, odd rows", BF16, None, "auto", ODD_AT_B, "a.T @ b", COPIED, FOLDS_A),
     # The SIMT kernels were not measured reading transposes as fast.
-    (
-        "fp32 highest a @ b.T",
-        F32,
-        "highest",
-        "auto",
-        ((1024, 512), (768, 512)),
-        "a @ b.T",
-        (False, False),
-        (False, False),
-    ),
+    ("fp32 highest a @ b.T", F32, "highest", "auto", A_BT, "a @ b.T", COPIED, COPIED),
     # Forced wgmma refuses 3xTF32's a.T @ b as stored: it gets the copy.
-    (
-        "3xtf32 a.T @ b on wgmma",
-        F32,
-        "high",
-        "wgmma",
-        ((512, 256), (512, 128)),
-        "a.T @ b",
-        (False, False),
-        (False, False),
-    ),
+    ("3xtf32 a.T @ b on wgmma", F32, "high", "wgmma", HIGH_AT_B, "a.T @ b", COPIED, COPIED),
 ]
 _OPS = {"a @ b.T": lambda a, b: (a, b.T), "a.T @ b": lambda a, b: (a.T, b)}
 
@@ -318,7 +242,7 @@ def test_cuda_reads_transposes_where_the_kernel_does(
     hlo = jax.jit(f).lower(a, b).compile().as_text()
     expected = _expected_flags(hopper_flags, other_flags)
     assert _flags(hlo) == [expected], hlo
-    if expected != (False, False):  # folded: no transpose left
+    if expected != COPIED:  # folded: no transpose left
         assert not re.search(r"\btranspose\(", hlo), hlo
     a_op, b_op = _OPS[form](np.asarray(a), np.asarray(b))
     out = np.asarray(jax.jit(f)(a, b))
