@@ -165,10 +165,10 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
     kernel that took about a tenth of a 4096^3 product's time, 1.7-1.8 times
     that of a 64 x 4096 x 14336 product read as stored, and 2.3-2.8 us with a
     launch before every small one (cpp/cuda/NOTES.md, "Transposed operands
-    read as stored"). For `auto` that kernel must be its
-    choice both ways: as stored, rows the copy engine cannot read would send it
-    to another. And not where the lowering would then copy b instead
-    (copies_b_k_major: float32's `a.T @ b` on wgmma), which saves nothing."""
+    read as stored"). For `auto` that kernel must be its choice both ways: as
+    stored, rows the copy engine cannot read would send it to another. And not
+    where the lowering would then copy b instead (copies_b_k_major: float32's
+    `a.T @ b` on wgmma), which saves nothing."""
     table = {k.name: k for k in _ffi.kernel_table(platform)}
     if platform != "cuda":
         return all(k.reads_transposes for k in table.values())

@@ -131,8 +131,13 @@ def unavailable(device=None) -> str | None:
     return None
 
 
-def not_applicable(shape: Shape, dtype: str, precision: str) -> str | None:
-    """Why no config computes this row's product, or None."""
+def not_applicable(
+    shape: Shape, dtype: str, precision: str, out_dtype: str | None = None
+) -> str | None:
+    """Why no config computes this row's product (into out_dtype; None: the
+    operands' dtype), or None."""
+    if out_dtype is not None:
+        return "writes the operands' dtype only"
     if dtype not in DTYPES:
         return f"takes {' and '.join(DTYPES)}, not {dtype}"
     if precision != PRECISION:
@@ -200,7 +205,7 @@ def sweep_into(row, shape: Shape, sets, args, budget: Budget, describe, *, keep_
     if args.pallas_unavailable:
         row.not_applicable = f"unavailable: {args.pallas_unavailable}"
         return None
-    row.not_applicable = not_applicable(shape, row.dtype, row.precision)
+    row.not_applicable = not_applicable(shape, row.dtype, row.precision, row.out_dtype)
     if row.not_applicable:
         return None
     row.sweep, best = [], None
