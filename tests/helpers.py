@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import itertools
 import re
+import sys
 from pathlib import Path
 
 import jax
@@ -38,6 +39,7 @@ def load_repository_module(relative_path: str):
     path = Path(__file__).resolve().parent.parent / relative_path
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # before it runs: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

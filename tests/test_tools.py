@@ -1,4 +1,5 @@
-"""tools/: compare_baseline.py (rows that lost since the baseline) and same_bits.py."""
+"""tools/: compare_baseline.py (rows that lost since the baseline), same_bits.py and
+tensor_core_sums.py (the model of the kernels' sums)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from helpers import load_repository_module
 
@@ -135,3 +139,50 @@ def test_same_bits_records_a_refusal_and_refuses_another_device(tmp_path, monkey
     out.write_text(json.dumps(written))
     assert same_bits.main(["--compare", str(out), "--kernels", "auto", "--dtype", "float32"]) == 2
     assert "is from another card" in capsys.readouterr().out
+
+
+def load_sums():
+    return load_repository_module("tools/tensor_core_sums.py")
+
+
+def test_the_block_fma_with_every_bit_kept_is_the_exact_sum_truncated():
+    """The model's instruction: with the products and accumulator kept whole
+    (29 extra bits cover TF32 products' 22 bits at any alignment that matters
+    here), one k8 step is the exact dot product truncated to float32."""
+    sums = load_sums()
+    rng = np.random.default_rng(0)
+    a = sums.tf32_round(rng.standard_normal((5, 8)).astype(np.float32))
+    b = sums.tf32_round(rng.standard_normal((8, 3)).astype(np.float32))
+    c = rng.standard_normal((5, 3)).astype(np.float32)
+    exact = c.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+    out = sums.TensorCore(depth=8, block=8, extra_bits=29).mma(c, a, b)
+    np.testing.assert_array_equal(out, sums.to_float32_toward_zero(exact))
+    assert np.all(np.abs(out) <= np.abs(exact)) and np.any(out != exact.astype(np.float32))
+
+
+def test_the_splits_rebuild_their_operand():
+    sums = load_sums()
+    x = np.random.default_rng(1).uniform(-4, 4, 1000).astype(np.float32)
+    hi, lo = sums.TF32_SPLIT_TRUNCATED(x)
+    assert np.all((hi.view(np.uint32) & 0x1FFF) == 0) and np.all((lo.view(np.uint32) & 0x1FFF) == 0)
+    assert np.all(np.abs(hi) <= np.abs(x)) and np.all(lo * x >= 0)  # lo keeps x's sign
+    np.testing.assert_allclose(hi.astype(np.float64) + lo, x, rtol=2.0**-21, atol=0)
+    parts = sums.BF16_SPLIT(x)
+    assert all(np.all((p.view(np.uint32) & 0xFFFF) == 0) for p in parts)
+    np.testing.assert_allclose(sum(p.astype(np.float64) for p in parts), x, rtol=2.0**-24, atol=0)
+
+
+@pytest.mark.parametrize("k,inputs", [(4096, "positive"), (8192, "normal")])
+def test_the_model_reproduces_the_measured_3xtf32_rows(k, inputs):
+    """Calibrated on the H100's rows, the model of HIGH's sums as built lands
+    within a quarter of what was measured: error on either input, and the
+    lean of positive inputs (the truncated split's dropped lo x lo)."""
+    sums = load_sums()
+    tf32 = sums.TensorCore(8, sums.BLOCK[0], sums.EXTRA_BITS[0])
+    bf16 = sums.TensorCore(16, sums.BLOCK[1], sums.EXTRA_BITS[1])
+    name = "3xTF32, 32-k slabs (as built)"
+    error, bias = sums.predict(sums.schedules(tf32, bf16)[name], k, inputs, samples=12)
+    measured_error, measured_bias = sums.CALIBRATION[name, k, inputs]
+    assert error == pytest.approx(measured_error, rel=0.25)
+    if inputs == "positive":
+        assert bias == pytest.approx(measured_bias, rel=0.25)
