@@ -103,6 +103,29 @@ def test_every_kernel_is_as_accurate_as_jnp(
         )(a_stored, b_stored),
         ref,
     )
+    misses = kernels_missing(
+        a_stored,
+        b_stored,
+        transpose_a,
+        transpose_b,
+        precision,
+        out_dtype,
+        ref,
+        peer_error,
+        peer_bias,
+    )
+    assert not misses, f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; " + "; ".join(
+        misses
+    )
+
+
+def kernels_missing(
+    a_stored, b_stored, transpose_a, transpose_b, precision, out_dtype, ref, peer_error, peer_bias
+) -> list[str]:
+    """Every CUDA kernel (and auto) that runs the product at `precision` and is
+    more than 1.2x the peer's error or 2x its bias away from ref."""
+    m, n = ref.shape
+    k = a_stored.shape[0 if transpose_a else 1]
     # Room for the rounding of the result itself, which neither side avoids
     # (a quarter of the output's epsilon: far below any accumulation effect);
     # for the bias also for chance: a mean of m n errors of rms `error`
@@ -111,6 +134,7 @@ def test_every_kernel_is_as_accurate_as_jnp(
     bias_floor = floor + 3 * 1.2 * peer_error / np.sqrt(m * n)
     misses = []
     problem = (1, 1, m, n, k, transpose_a, transpose_b)
+    in_dtype = a_stored.dtype
     for kernel in kernels_on("cuda", in_dtype, out_dtype, problem=problem, precision=precision):
         out = jax_tiled.dot_general(
             a_stored,
@@ -123,7 +147,30 @@ def test_every_kernel_is_as_accurate_as_jnp(
         error, bias = error_and_bias(out, ref)
         if error > 1.2 * peer_error + floor or abs(bias) > 2 * abs(peer_bias) + bias_floor:
             misses.append(f"{kernel}: error {error:.2e}, bias {bias:+.1e}")
-    assert not misses, f"jnp.matmul: error {peer_error:.2e}, bias {peer_bias:+.1e}; " + "; ".join(
+    return misses
+
+
+# HIGH held to jnp's HIGHEST over the long K (docs/performance.md: "`HIGH` ≤
+# HIGHEST's error"). On positive inputs it is not yet: the truncated split's
+# dropped lo x lo leans one way, and that product sums K in one running total
+# (on an H100, 2026-11-25: error 2.6e-7, bias -1.5e-7, against HIGHEST's
+# 1.6e-7 and -5e-10; cpp/cuda/NOTES.md, "The presets on the H100"). Strict:
+# the run that meets it fails until this mark goes.
+HIGH_LEANS = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="3xTF32's dropped lo x lo leans (issue 32)"
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distribution", [pytest.param("positive", marks=HIGH_LEANS), "normal"])
+def test_high_is_as_accurate_as_highest(on_gpu, rng, distribution):
+    m, k, n = LONG_K
+    a, b = inputs(rng, m, k, n, F32, distribution)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    highest = jax.jit(lambda x, y: jnp.matmul(x, y, precision=lax.Precision.HIGHEST))
+    peer_error, peer_bias = error_and_bias(highest(a, b), ref)
+    misses = kernels_missing(a, b, False, False, "high", F32, ref, peer_error, peer_bias)
+    assert not misses, f"HIGHEST: error {peer_error:.2e}, bias {peer_bias:+.1e}; " + "; ".join(
         misses
     )
 
