@@ -1,7 +1,7 @@
 """The CPU kernel against a float64 reference where its blocking has edges:
 register blocks (12 rows x 32 float32 / 16 float64 columns with AVX-512, 6 x
-16 / 6 x 8 with AVX2), the 256-deep slabs (128-deep for float64 with
-AVX-512), the L2 column block and the 1024-row and -column tiles; and its
+16 / 6 x 8 with AVX2), the slabs (at most 256 deep, 128 for float64 with
+AVX-512, and of equal depth), the L2 column block and the 1024-row and -column tiles; and its
 determinism (the result of an element does not depend on how the output was
 cut into tiles)."""
 
@@ -59,6 +59,24 @@ def test_slab_edges(rng, dtype, k):
         for ta, tb in LAYOUTS:
             a, b, opa, opb = operands(rng, 13, 33, k, ta, tb, dtype)
             check(run(a, b, ta, tb), opa, opb, np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("k", [257, 263, 300, 513, 777])
+def test_slabs_are_of_equal_depth(k):
+    """K past one slab is cut into ceil(K / 256) slabs of equal depth (float32's
+    slab is 256 deep on every instruction set; kernel_impl.h, SlabDepth), as
+    XLA:CPU's products cut it, not into 256-deep ones and a remainder. Seen
+    through rounding: 2^24 followed by ones loses every one of its own slab
+    (2^24 + 1 rounds back to 2^24) and keeps those of the later slabs, whose
+    sums are exact, so the result tells where the slabs begin."""
+    slabs = -(-k // 256)
+    depth = -(-k // slabs)
+    a, b = np.ones((1, 1, k), np.float32), np.ones((1, k, 1), np.float32)
+    b[0, 0] = 2.0**24
+    expected = np.float32(2.0**24)
+    for start in range(depth, k, depth):
+        expected = np.float32(expected + np.float32(min(depth, k - start)))
+    assert run(a, b, False, False)[0, 0, 0] == expected
 
 
 @pytest.mark.parametrize(

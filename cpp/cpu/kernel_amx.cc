@@ -47,6 +47,9 @@ struct AmxPath {
   using packed_type = uint16_t;
   static constexpr int kMr = 32, kNr = 32, kDepthUnit = 32;
   static constexpr int64_t kKs = KS, kKc = KC, kNc = NC, kMc = MC;
+  // kKs-deep slabs and a remainder, as measured bitwise equal to XLA:CPU's own
+  // AMX products (NOTES.md, "Accuracy, subnormals, determinism").
+  static constexpr bool kEqualSlabs = false;
   static_assert(KC % kDepthUnit == 0 && NC % kNr == 0 && MC % kMr == 0, "whole blocks");
 
   // The tile configuration is per thread: set for a tile's work and released
