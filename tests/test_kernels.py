@@ -279,6 +279,7 @@ def test_cuda_auto_runs_small_products_on_mma(dtype, problem, precision, small):
     assert ("a small product" in reason) == small, reason
 
 
+@needs_cuda_module
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (1000, 800, 1200), (256, 256, 256)], ids=str)
 def test_cuda_auto_float32_by_precision(shape):
     """DEFAULT and HIGH go to the tensor cores, HIGHEST to a SIMT kernel; the

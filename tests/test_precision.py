@@ -342,6 +342,7 @@ def test_jit_grad_jvp_vmap_values(platform, rng, precision, a_shape, b_shape):
         close(jax.vmap(mm, in_axes=axes)(a, b), full(a), full(b))
 
 
+@pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
 def test_which_products_copy_b_k_major_first(monkeypatch):
     """The lowering's rule, without a GPU: only auto's float32 tensor-core
     products (DEFAULT, HIGH) with both operands MN-major, on CUDA, on a Hopper

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: build, full test suite with the GPU
-# required, compute-sanitizer on small odd shapes (plus the planted race), and
-# the benchmark. Logs go to $OUT (or ./device_out); a short summary prints last.
-#   usage: [STEPS="tests sanitize bench"] [KERNELS="warptile pipelined"] \
+# required, compute-sanitizer on small odd shapes (plus the planted race), the
+# benchmark, and error and bias against float64 beside jnp's (--accuracy, on
+# its default shapes: long K and positive inputs among them). Logs go to $OUT
+# (or ./device_out); the flagged accuracy rows print before the short summary.
+#   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
+#          [ACCURACY_KERNELS="auto wgmma"] \
 #          [TESTS="tests/test_tensor_cores.py"] [BASELINE=docs/perf/<baseline>.json] \
 #          tools/device_check.sh [bench args...]
-# KERNELS limits the sanitizer runs (default: every CUDA kernel); TESTS the
+# KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
+# the kernels --accuracy measures (default: auto, what users get); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 # PYTHONSAFEPATH: Python run here, in the repository root, imports the installed
 # package, not the uncompiled source tree jax_tiled/ (as `python -P`).
 export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
-steps=${STEPS:-tests sanitize bench}
+steps=${STEPS:-tests sanitize bench accuracy}
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
@@ -60,6 +64,14 @@ if [[ " $steps " == *" bench "* ]]; then
     note "against $BASELINE: rc=$? :: $(grep -c REGRESSION "$OUT/baseline.log") rows lost more than 3%"
     cat "$OUT/baseline.log"
   fi
+fi
+
+if [[ " $steps " == *" accuracy "* ]]; then
+  kernel_args=(); for k in ${ACCURACY_KERNELS:-auto}; do kernel_args+=(--kernels "$k"); done
+  python3 -m jax_tiled.bench --accuracy --no-progress "${kernel_args[@]}" \
+    --json "$OUT/accuracy.json" >"$OUT/accuracy.log" 2>"$OUT/accuracy.err"
+  note "accuracy: rc=$? :: $(grep -E 'rows miss' "$OUT/accuracy.err")"
+  grep -E 'ERR|BIAS' "$OUT/accuracy.log" | grep -v '^flag:'
 fi
 
 echo; printf '%s\n' "${summary[@]}"
