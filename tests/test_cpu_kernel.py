@@ -61,22 +61,45 @@ def test_slab_edges(rng, dtype, k):
             check(run(a, b, ta, tb), opa, opb, np.finfo(dtype).eps)
 
 
-@pytest.mark.parametrize("k", [257, 263, 300, 513, 777])
-def test_slabs_are_of_equal_depth(k):
-    """K past one slab is cut into ceil(K / 256) slabs of equal depth (float32's
-    slab is 256 deep on every instruction set; kernel_impl.h, SlabDepth), as
-    XLA:CPU's products cut it, not into 256-deep ones and a remainder. Seen
-    through rounding: 2^24 followed by ones loses every one of its own slab
-    (2^24 + 1 rounds back to 2^24) and keeps those of the later slabs, whose
-    sums are exact, so the result tells where the slabs begin."""
-    slabs = -(-k // 256)
-    depth = -(-k // slabs)
-    a, b = np.ones((1, 1, k), np.float32), np.ones((1, k, 1), np.float32)
-    b[0, 0] = 2.0**24
-    expected = np.float32(2.0**24)
-    for start in range(depth, k, depth):
-        expected = np.float32(expected + np.float32(min(depth, k - start)))
-    assert run(a, b, False, False)[0, 0, 0] == expected
+def three_level_sum(b: np.ndarray, slab: int, partial: int, equal: bool = True) -> np.float32:
+    """sum(b) as the float32 FMA kernel adds it (kernel_impl.h): K cut into
+    slabs at most `slab` deep (of equal depth, or `slab`-deep ones and a
+    remainder); in each, chains of at most `partial` terms, their sums added
+    in order; then the slab sums in order."""
+    k = len(b)
+    slabs = -(-k // slab)
+    depth = -(-k // slabs) if equal else slab
+    total = None
+    for s0 in range(0, k, depth):
+        slab_sum = None
+        for p0 in range(s0, min(s0 + depth, k), partial):
+            chain = np.float32(0)
+            for x in b[p0 : min(p0 + partial, s0 + depth, k)]:
+                chain = np.float32(chain + x)
+            slab_sum = chain if slab_sum is None else np.float32(slab_sum + chain)
+        total = slab_sum if total is None else np.float32(total + slab_sum)
+    return total
+
+
+# (K, where 2^24 is planted among ones): each plant tells every cut below apart.
+PLANTED = [(257, [0, 128]), (263, [0, 131]), (300, [0, 150]), (513, [0, 256]), (777, [0])]
+
+
+@pytest.mark.parametrize("k,planted", PLANTED, ids=[str(k) for k, _ in PLANTED])
+def test_the_sums_are_three_level(k, planted):
+    """float32 sums over K: slabs of equal depth (at most 256 on every
+    instruction set; kernel_impl.h, SlabDepth), each the sum of chains of at
+    most 64 (kPartialDepth), as three_level_sum says. Seen through rounding:
+    2^24 followed by ones loses every one of its own chain (2^24 + 1 rounds
+    back to 2^24) and keeps the others, so where chains and slabs begin shows
+    in the result, and each other cut gives another."""
+    b = np.ones(k, np.float32)
+    b[planted] = 2.0**24
+    expected = three_level_sum(b, 256, 64)
+    for other in ((256, 256), (256, 64, False), (256, 32), (128, 64)):
+        assert three_level_sum(b, *other) != expected, other
+    out = run(np.ones((1, 1, k), np.float32), b.reshape(1, k, 1), False, False)
+    assert out[0, 0, 0] == expected
 
 
 @pytest.mark.parametrize(

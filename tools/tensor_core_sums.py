@@ -145,13 +145,14 @@ class Schedule:
         for k0 in range(begin, end, depth):
             partial = np.zeros((rows, cols), F32)
             step = self.core.depth if self.core else depth
-            steps = range(k0, min(k0 + depth, end), step)
-            for s0 in steps:
+            stop = min(k0 + depth, end)  # a partial never reaches past its part of K
+            steps = [(s0, min(s0 + step, stop)) for s0 in range(k0, stop, step)]
+            for s0, s1 in steps:
                 for i, j in self.step_major:
-                    partial = self._accumulate(partial, a_parts[i], b_parts[j], s0, s0 + step)
+                    partial = self._accumulate(partial, a_parts[i], b_parts[j], s0, s1)
             for i, j in self.order:
-                for s0 in steps:
-                    partial = self._accumulate(partial, a_parts[i], b_parts[j], s0, s0 + step)
+                for s0, s1 in steps:
+                    partial = self._accumulate(partial, a_parts[i], b_parts[j], s0, s1)
             total = partial if k0 == begin else (total + partial).astype(F32)
         return total
 

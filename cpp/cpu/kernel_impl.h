@@ -15,9 +15,10 @@
 // accumulator type serves every dtype pair and layout.
 //
 // Determinism: each output element is the slab sums added in depth order,
-// c = s0, c = c + s1, ..., each slab sum a sequential FMA chain over its
-// terms. The slabs' depths depend on K and the path's slab depth only
-// (SlabDepth), never on tile sizes or thread count.
+// c = s0, c = c + s1, ...; on the FMA path each slab sum is its chains' sums
+// added in order, each chain a sequential FMA chain of at most kPartialDepth
+// terms. The cuts depend on K and the path's slab depth only (SlabDepth),
+// never on tile sizes or thread count.
 #pragma once
 
 #include <cstdint>
@@ -126,12 +127,22 @@ struct Config {
   typedef Acc UnalignedVec __attribute__((vector_size(VectorBytes), aligned(sizeof(Acc))));
 };
 
+// K per partial sum inside a slab: the micro-kernel's register chains restart
+// every kPartialDepth steps and their sums are added up in a buffer, so that
+// an element is a three-level sum (partials of 64, the slab's, the slabs'),
+// not a chain as deep as the slab. A chain's rounding grows with its depth;
+// at K = 300 the slab-deep chains had 1.8x XLA:CPU's error (NOTES.md,
+// "Slabs of equal depth, and partial sums inside them").
+inline constexpr int64_t kPartialDepth = 64;
+
 // c[Rows x NR] (row stride ldc) = (accumulate ? c : 0) + A * B over kc, with A
 // the first Rows rows of a packed micro-panel (kc x MR, MR contiguous) and B
 // one (kc x NR, NR contiguous). The accumulators live in Rows * NR / kLanes
-// vector registers for the whole depth; c is touched once at the end. Each
-// element is the same FMA chain whatever Rows is, so a short row edge can run
-// fewer rows without changing a bit of the result.
+// vector registers, each a chain of at most kPartialDepth FMAs; a slab
+// deeper than that adds its chains' sums in `slab`, a buffer in L1 (there is
+// no room for a second set of registers), and c is touched once at the end.
+// Each element is the same arithmetic whatever Rows is, so a short row edge
+// can run fewer rows without changing a bit of the result.
 template <class C, int Rows = C::kMr>
 __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
                                                        const typename C::acc_type* __restrict a,
@@ -151,32 +162,42 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
     __builtin_prefetch(c + i * ldc + NR - 1, 1);
   }
 
-  Vec acc[Rows][NV];
+  alignas(64) Vec slab[Rows][NV];  // the partials' sum so far (the first one: as it is)
+  for (int64_t p0 = 0; p0 < kc; p0 += kPartialDepth) {
+    Vec acc[Rows][NV];
 #pragma GCC unroll 32
-  for (int i = 0; i < Rows; ++i)
+    for (int i = 0; i < Rows; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[i][v] = Vec{};
+      for (int v = 0; v < NV; ++v) acc[i][v] = Vec{};
 
+    const int64_t p1 = Min(p0 + kPartialDepth, kc);
 #pragma GCC unroll 2
-  for (int64_t p = 0; p < kc; ++p) {
-    Vec bv[NV];
+    for (int64_t p = p0; p < p1; ++p) {
+      Vec bv[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const Vec*>(b + p * NR + v * L);
+      for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const Vec*>(b + p * NR + v * L);
 #pragma GCC unroll 32
-    for (int i = 0; i < Rows; ++i) {
-      const Acc ai = a[p * MR + i];
+      for (int i = 0; i < Rows; ++i) {
+        const Acc ai = a[p * MR + i];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
+        for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
+      }
     }
-  }
 
+    const bool first = p0 == 0, last = p1 == kc;
 #pragma GCC unroll 32
-  for (int i = 0; i < Rows; ++i)
+    for (int i = 0; i < Rows; ++i)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      UVec* cv = reinterpret_cast<UVec*>(c + i * ldc + v * L);
-      *cv = accumulate ? *cv + acc[i][v] : acc[i][v];
-    }
+      for (int v = 0; v < NV; ++v) {
+        const Vec sum = first ? acc[i][v] : slab[i][v] + acc[i][v];
+        if (!last) {
+          slab[i][v] = sum;
+          continue;
+        }
+        UVec* cv = reinterpret_cast<UVec*>(c + i * ldc + v * L);
+        *cv = accumulate ? *cv + sum : sum;
+      }
+  }
 }
 
 // Runs the micro-kernel for a row edge of `rows` < MR live rows on the
@@ -407,10 +428,9 @@ void StoreBlock(const Acc* c, int64_t ldc, Out* out, int64_t ld_out, int64_t row
 // with its depth, and the slab sums' chain with their count, so the deepest
 // slab sets the error: where the path allows, ceil(K / kKs) slabs of equal
 // depth (rounded up to the packs' depth unit), not kKs-deep ones and a
-// remainder. At K = 263 that is 132 + 131 where it was 256 + 7, and 2.8x less
-// error on positive inputs: what XLA:CPU's products do (Eigen's blocking cuts
-// K the same way), where the kernel had 2.8x their error (NOTES.md, "Slabs
-// of equal depth").
+// remainder: at K = 263, 132 + 131 where it was 256 + 7, as Eigen's blocking
+// behind XLA:CPU's products cuts K (NOTES.md, "Slabs of equal depth, and
+// partial sums inside them").
 template <class P>
 int64_t SlabDepth(int64_t k) {
   if (!P::kEqualSlabs || k <= P::kKs) return P::kKs;
