@@ -424,13 +424,14 @@ void StoreBlock(const Acc* c, int64_t ldc, Out* out, int64_t ld_out, int64_t row
     for (int64_t j = 0; j < cols; ++j) out[i * ld_out + j] = Store<Out>(c[i * ldc + j]);
 }
 
-// The depth of K's slabs. A slab's sum is a sequential chain whose error grows
-// with its depth, and the slab sums' chain with their count, so the deepest
-// slab sets the error: where the path allows, ceil(K / kKs) slabs of equal
-// depth (rounded up to the packs' depth unit), not kKs-deep ones and a
-// remainder: at K = 263, 132 + 131 where it was 256 + 7, as Eigen's blocking
-// behind XLA:CPU's products cuts K (NOTES.md, "Slabs of equal depth, and
-// partial sums inside them").
+// The depth of K's slabs. A slab's sum (one chain, or on the FMA path chains
+// of kPartialDepth) rounds more the deeper it is, and the slab sums' chain
+// the more slabs there are, so the deepest slab sets the error for a given
+// count: where the path allows, ceil(K / kKs) slabs of equal depth (rounded
+// up to the packs' depth unit), not kKs-deep ones and a remainder. At K =
+// 263 that is 132 + 131 where it was 256 + 7, as Eigen's blocking behind
+// XLA:CPU's products cuts K (NOTES.md, "Slabs of equal depth, and partial
+// sums inside them").
 template <class P>
 int64_t SlabDepth(int64_t k) {
   if (!P::kEqualSlabs || k <= P::kKs) return P::kKs;
