@@ -157,7 +157,7 @@ def kernels_missing(
 # 1.6e-7 and -5e-10; cpp/cuda/NOTES.md, "The presets on the H100"). Strict:
 # the run that meets it fails until this mark goes.
 HIGH_LEANS = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="3xTF32's dropped lo x lo leans (issue 32)"
+    strict=True, raises=AssertionError, reason="3xTF32's dropped lo x lo leans"
 )
 
 
