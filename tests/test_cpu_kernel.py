@@ -89,7 +89,7 @@ PLANTED = [(257, [0, 128]), (263, [0, 131]), (300, [0, 150]), (513, [0, 256]), (
 def test_the_sums_are_three_level(k, planted):
     """float32 sums over K: slabs of equal depth (at most 256 on every
     instruction set; kernel_impl.h, SlabDepth), each the sum of chains of at
-    most 64 (kPartialDepth), as three_level_sum says. Seen through rounding:
+    most 64 (Config::kChainDepth), as three_level_sum says. Seen through rounding:
     2^24 followed by ones loses every one of its own chain (2^24 + 1 rounds
     back to 2^24) and keeps the others, so where chains and slabs begin shows
     in the result, and each other cut gives another."""

@@ -16,8 +16,8 @@
 //
 // Determinism: each output element is the slab sums added in depth order,
 // c = s0, c = c + s1, ...; on the FMA path each slab sum is its chains' sums
-// added in order, each chain a sequential FMA chain of at most kPartialDepth
-// terms. The cuts depend on K and the path's slab depth only (SlabDepth),
+// added in order, each chain a sequential FMA chain of at most kChainDepth
+// terms (Config). The cuts depend on K and the path's slab depth only (SlabDepth),
 // never on tile sizes or thread count.
 #pragma once
 
@@ -119,7 +119,14 @@ struct Config {
   static constexpr int kRowStep = RowStep;
   static_assert(MR % RowStep == 0, "row edges step up to MR");
   static constexpr int64_t kKc = KC;
-  // Columns of the packed B block (kc x nc): as many as fill L2BlockBytes.
+  // K per chain inside a slab: float32's register chains restart every 64
+  // steps and their sums are added in a buffer, so that an element is a
+  // three-level sum (chains of 64, the slab's, the slabs'), not a chain as
+  // deep as the slab; at K = 300 slab-deep chains had 1.8x XLA:CPU's error.
+  // float64 keeps one chain a slab: its rounding is far below what anything
+  // here compares, and the flushes cost it 2-4% (NOTES.md, "Slabs of equal
+  // depth, and partial sums inside them").
+  static constexpr int64_t kChainDepth = std::is_same_v<Acc, float> ? 64 : KC;
   static constexpr int64_t kNc =
       (L2BlockBytes / (KC * static_cast<int64_t>(sizeof(Acc)))) / kNr * kNr;
   static_assert(kNc >= kNr, "the B block must hold at least one micro-panel");
@@ -127,18 +134,10 @@ struct Config {
   typedef Acc UnalignedVec __attribute__((vector_size(VectorBytes), aligned(sizeof(Acc))));
 };
 
-// K per partial sum inside a slab: the micro-kernel's register chains restart
-// every kPartialDepth steps and their sums are added up in a buffer, so that
-// an element is a three-level sum (partials of 64, the slab's, the slabs'),
-// not a chain as deep as the slab. A chain's rounding grows with its depth;
-// at K = 300 the slab-deep chains had 1.8x XLA:CPU's error (NOTES.md,
-// "Slabs of equal depth, and partial sums inside them").
-inline constexpr int64_t kPartialDepth = 64;
-
 // c[Rows x NR] (row stride ldc) = (accumulate ? c : 0) + A * B over kc, with A
 // the first Rows rows of a packed micro-panel (kc x MR, MR contiguous) and B
 // one (kc x NR, NR contiguous). The accumulators live in Rows * NR / kLanes
-// vector registers, each a chain of at most kPartialDepth FMAs; a slab
+// vector registers, each a chain of at most C::kChainDepth FMAs; a slab
 // deeper than that adds its chains' sums in `slab`, a buffer in L1 (there is
 // no room for a second set of registers), and c is touched once at the end.
 // Each element is the same arithmetic whatever Rows is, so a short row edge
@@ -163,14 +162,14 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
   }
 
   alignas(64) Vec slab[Rows][NV];  // the partials' sum so far (the first one: as it is)
-  for (int64_t p0 = 0; p0 < kc; p0 += kPartialDepth) {
+  for (int64_t p0 = 0; p0 < kc; p0 += C::kChainDepth) {
     Vec acc[Rows][NV];
 #pragma GCC unroll 32
     for (int i = 0; i < Rows; ++i)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[i][v] = Vec{};
 
-    const int64_t p1 = Min(p0 + kPartialDepth, kc);
+    const int64_t p1 = Min(p0 + C::kChainDepth, kc);
 #pragma GCC unroll 2
     for (int64_t p = p0; p < p1; ++p) {
       Vec bv[NV];
@@ -425,7 +424,7 @@ void StoreBlock(const Acc* c, int64_t ldc, Out* out, int64_t ld_out, int64_t row
 }
 
 // The depth of K's slabs. A slab's sum (one chain, or on the FMA path chains
-// of kPartialDepth) rounds more the deeper it is, and the slab sums' chain
+// of kChainDepth) rounds more the deeper it is, and the slab sums' chain
 // the more slabs there are, so the deepest slab sets the error for a given
 // count: where the path allows, ceil(K / kKs) slabs of equal depth (rounded
 // up to the packs' depth unit), not kKs-deep ones and a remainder. At K =
