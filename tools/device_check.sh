@@ -5,12 +5,19 @@
 # its default shapes: long K and positive inputs among them). Logs go to $OUT
 # (or ./device_out); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
-#          [ACCURACY_KERNELS="auto wgmma"] \
-#          [TESTS="tests/test_tensor_cores.py"] [BASELINE=docs/perf/<baseline>.json] \
-#          tools/device_check.sh [bench args...]
+#          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
+#          [TESTS="tests/test_tensor_cores.py"] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
+#          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
+#          [BASELINE=docs/perf/<baseline>.json] tools/device_check.sh [bench args...]
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
 # the kernels --accuracy measures (default: auto, what users get); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them).
+# One call runs at most 10 minutes: the suite alone takes about 7 with 16
+# workers, so split the steps over calls made back to back (the machine stays
+# warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
+# CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a builds Hopper only, in about two
+# minutes). Each test's result is logged as it ends (pytest -v), so a run cut
+# short by its timeout still names the tests that failed.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 # PYTHONSAFEPATH: Python run here, in the repository root, imports the installed
@@ -23,29 +30,55 @@ note() { summary+=("$1"); echo "== $1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 
-if ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; then
+if [[ -n "${SKIP_BUILD:-}" ]]; then
+  note "build: skipped, the installed one reused"
+elif ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+else
+  note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 fi
-note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 
 repo=$PWD
 
 if [[ " $steps " == *" tests "* ]]; then
   test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
-  JAX_TILED_REQUIRE_GPU=1 timeout 900 python3 -m pytest -q -p no:cacheprovider "${test_paths[@]}" \
-    >"$OUT/tests.log" 2>&1
-  note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$? :: $(tail -1 "$OUT/tests.log")"
+  # Workers share the GPU: each takes memory as it needs it, not 75% up front.
+  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${TEST_TIMEOUT:-480}" \
+    python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
+    "${test_paths[@]}" >"$OUT/tests.log" 2>&1
+  rc=$?
+  note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$rc :: $(grep -cE ' PASSED ' "$OUT/tests.log") passed, \
+$(grep -cE ' (FAILED|ERROR) ' "$OUT/tests.log") failed or errors$( ((rc == 124)) && echo ', cut short by TEST_TIMEOUT')"
+  grep -E ' (FAILED|ERROR) ' "$OUT/tests.log" | grep -oE 'tests/[^ ]+' | sort -u | head -40
 fi
+
+# One sanitizer run: its log, and one line of summary in $OUT/san_<tool>_<kernel>.txt.
+sanitize() {
+  local tool=$1 kernel=$2 extra=()
+  [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
+  timeout "${SANITIZE_TIMEOUT:-420}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
+    python3 "$repo/tests/scripts/sanitizer_cases.py" "$kernel" >"$OUT/san_${tool}_$kernel.log" 2>&1
+  local rc=$?
+  echo "compute-sanitizer $tool $kernel: rc=$rc$( ((rc == 124)) && echo ' (cut short by SANITIZE_TIMEOUT)') :: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|products correct' "$OUT/san_${tool}_$kernel.log" | tr '\n' ' ')" \
+    >"$OUT/san_${tool}_$kernel.txt"
+}
 
 if [[ " $steps " == *" sanitize "* ]]; then
   export XLA_PYTHON_CLIENT_ALLOCATOR=platform
-  for tool in memcheck racecheck synccheck initcheck; do
-    for kernel in ${KERNELS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
-      extra=(); [[ $tool == racecheck ]] && extra=(--racecheck-report all)  # the default analysis report shows no hazards
-      timeout 600 compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 1 \
-        python3 "$repo/tests/scripts/sanitizer_cases.py" $kernel >"$OUT/san_${tool}_$kernel.log" 2>&1
-      note "compute-sanitizer $tool $kernel: rc=$? :: $(grep -E 'ERROR SUMMARY|products correct' "$OUT/san_${tool}_$kernel.log" | tr '\n' ' ')"
-    done
+  # The runs are slow and mostly host-bound: SANITIZE_JOBS of them at a time.
+  runs=()
+  for kernel in ${KERNELS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
+    for tool in memcheck racecheck synccheck initcheck; do runs+=("$tool $kernel"); done
+  done
+  for run in "${runs[@]}"; do
+    while (($(jobs -rp | wc -l) >= ${SANITIZE_JOBS:-4})); do wait -n; done
+    # shellcheck disable=SC2086
+    sanitize $run &
+  done
+  wait
+  for run in "${runs[@]}"; do
+    read -r tool kernel <<<"$run"
+    note "$(cat "$OUT/san_${tool}_$kernel.txt")"
   done
   timeout 600 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
     python3 "$repo/tests/scripts/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
