@@ -277,23 +277,35 @@ JNP_8192 = {
 }
 
 
+def calibrated_schedules(block=BLOCK, extra_bits=EXTRA_BITS) -> dict[str, Schedule]:
+    """The schedules on tensor cores of the given (TF32, bf16) block sizes and
+    extra bits (default: the calibration's)."""
+    return schedules(
+        TensorCore(8, block[0], extra_bits[0]), TensorCore(16, block[1], extra_bits[1])
+    )
+
+
+def print_against_measured(title: str, measured: dict, by_name: dict, samples: int) -> None:
+    """Each measured row beside the model's prediction for it."""
+    print(f"\n{title}: model against measured (error, bias)")
+    for (name, k, inputs), (error, bias) in measured.items():
+        e, b = predict(by_name[name], k, inputs, samples)
+        print(
+            f"  K={k:<5} {inputs:<8} {name:<58} {e:.2e} {b:+.1e}   measured {error:.2e} {bias:+.1e}"
+        )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=32, help="rows and columns of the sample")
     p.add_argument("--block", type=int, nargs=2, default=BLOCK, metavar=("TF32", "BF16"))
     p.add_argument("--extra-bits", type=int, nargs=2, default=EXTRA_BITS, metavar=("TF32", "BF16"))
     args = p.parse_args(argv)
-    tf32 = TensorCore(8, args.block[0], args.extra_bits[0])
-    bf16 = TensorCore(16, args.block[1], args.extra_bits[1])
-    by_name = schedules(tf32, bf16)
-    print(f"TF32: block {tf32.block}, {tf32.extra_bits} extra bits; bf16: block {bf16.block}, "
-          f"{bf16.extra_bits} extra bits; {args.samples}^2 outputs")  # fmt: skip
-    print("\ncalibration: model against measured (error, bias)")
-    for (name, k, inputs), (error, bias) in CALIBRATION.items():
-        e, b = predict(by_name[name], k, inputs, args.samples)
-        print(
-            f"  K={k:<5} {inputs:<8} {name:<58} {e:.2e} {b:+.1e}   measured {error:.2e} {bias:+.1e}"
-        )
+    by_name = calibrated_schedules(args.block, args.extra_bits)
+    (tf32_block, bf16_block), (tf32_bits, bf16_bits) = args.block, args.extra_bits
+    print(f"TF32: block {tf32_block}, {tf32_bits} extra bits; bf16: block {bf16_block}, "
+          f"{bf16_bits} extra bits; {args.samples}^2 outputs")  # fmt: skip
+    print_against_measured("calibration", CALIBRATION, by_name, args.samples)
     print("\ndesigns at K = 8192 (error, bias)")
     for name, schedule in by_name.items():
         if "as built" in name:
@@ -301,12 +313,7 @@ def main(argv=None) -> None:
         cells = [f"{i} {e:.2e} {b:+.1e}" for i in ("positive", "normal")
                  for e, b in [predict(schedule, 8192, i, args.samples)]]  # fmt: skip
         print(f"  {name:<50} " + "   ".join(cells))
-    print("\ndesigns built on a branch: model against measured (error, bias)")
-    for (name, k, inputs), (error, bias) in MEASURED_DESIGNS.items():
-        e, b = predict(by_name[name], k, inputs, args.samples)
-        print(
-            f"  K={k:<5} {inputs:<8} {name:<58} {e:.2e} {b:+.1e}   measured {error:.2e} {bias:+.1e}"
-        )
+    print_against_measured("designs built on a branch", MEASURED_DESIGNS, by_name, args.samples)
     print("\njnp.matmul measured at 512 x 8192 x 512 (the targets)")
     for preset, rows in JNP_8192.items():
         print(
