@@ -20,8 +20,12 @@ from jax_tiled import _ffi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
 
-# float32 runs as one TF32 pass at the default precision.
+# float32 runs as one TF32 pass at the default precision; at HIGH as split
+# TF32 (four products of hi and lo parts), whose split-K kernel is its own.
 DTYPES = [jnp.bfloat16, jnp.float16, np.float32]
+# (dtype, precision): every input type at DEFAULT, and float32 at HIGH.
+PRODUCTS = [(d, "default") for d in DTYPES] + [(np.float32, "high")]
+PRODUCT_IDS = [f"{np.dtype(d).name}-{p}" for d, p in PRODUCTS]
 
 # (batch, m, n, k): few tiles and a deep K. Rows, columns and K off the tile
 # (128) and slab (64 16-bit, 32 float32 elements) edges; a batch of them.
@@ -58,60 +62,80 @@ def test_auto_splits_k_only_where_tiles_leave_sms_idle():
     assert _ffi.cuda_multiprocessors() / 2 <= blocks <= _ffi.cuda_multiprocessors(), deep
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype,precision", PRODUCTS, ids=PRODUCT_IDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_every_layout_against_float64(rng, dtype, shape):
+def test_every_layout_against_float64(rng, dtype, precision, shape):
     batch, m, n, k = shape
     for ta, tb in LAYOUTS:
         if np.dtype(dtype) == np.float32 and ta and not tb:
             continue  # TF32 wgmma cannot take it; "auto" runs it on "mma"
         a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, dtype, batch, batch)
         for out_dtype in {np.dtype(dtype), np.dtype(np.float32)}:
-            out = bind_product(a, b, ta, tb, kernel="wgmma", out_dtype=out_dtype)
-            assert_matmul_close(out, a_op, b_op, platform="cuda", out_dtype=out_dtype)
+            out = bind_product(
+                a, b, ta, tb, precision=precision, kernel="wgmma", out_dtype=out_dtype
+            )
+            assert_matmul_close(
+                out, a_op, b_op, platform="cuda", precision=precision, out_dtype=out_dtype
+            )
 
 
 def test_the_shapes_here_split():
     """Every shape above, as "auto" plans it, splits K (else the tests above
     would check whole tiles only), within one cluster or across several."""
     S = jax.ShapeDtypeStruct
-    for dtype in DTYPES:
+    for dtype, precision in PRODUCTS:
         for batch, m, n, k in SHAPES:
-            plan = jax_tiled.explain(S((batch, m, k), dtype), S((batch, k, n), dtype)).plan
-            assert "K split" in plan, (dtype, (batch, m, n, k), plan)
+            plan = jax_tiled.explain(
+                S((batch, m, k), dtype), S((batch, k, n), dtype), precision=precision
+            ).plan
+            assert "K split" in plan, (dtype, precision, (batch, m, n, k), plan)
             if (batch, m, n, k) in IN_ONE_CLUSTER:
-                assert "from scratch" not in plan, (dtype, (batch, m, n, k), plan)
+                assert "from scratch" not in plan, (dtype, precision, (batch, m, n, k), plan)
             if (batch, m, n, k) in ACROSS_CLUSTERS:
-                assert "from scratch" in plan, (dtype, (batch, m, n, k), plan)
+                assert "from scratch" in plan, (dtype, precision, (batch, m, n, k), plan)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype,precision", PRODUCTS, ids=PRODUCT_IDS)
 @pytest.mark.parametrize("mnk", [(128, 2048, 8192), (256, 256, 65536)], ids=str)
-def test_bitwise_the_same_run_to_run(rng, dtype, mnk):
+def test_bitwise_the_same_run_to_run(rng, dtype, precision, mnk):
     a, b, _, _ = operands(rng, *mnk, False, False, dtype)
-    product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, preferred_element_type=jnp.float32))
+    product = jax.jit(
+        lambda a, b: jax_tiled.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
+    )
     first = np.asarray(product(a, b))
     for _ in range(3):
         np.testing.assert_array_equal(np.asarray(product(a, b)), first)
 
 
+@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "default"), (np.float32, "high")])
 @pytest.mark.parametrize("mnk", [(128, 1024, 4096), (128, 256, 65536)], ids=str)
-def test_special_values_in_one_part_reach_the_result(rng, mnk):
+def test_special_values_in_one_part_reach_the_result(rng, dtype, precision, mnk):
     """inf in the last part's K, NaN in the first's: the sum across the
     parts (and across clusters: the second shape) carries them as true
-    arithmetic does."""
+    arithmetic does; at HIGH through every product of hi and lo parts."""
     m, n, k = mnk
-    a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
-    b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
     a[0, k - 1] = np.inf  # row 0: +-inf where b's last row is nonzero
     a[1, 0] = np.nan  # row 1: NaN everywhere
     a[2, k - 1], a[2, 0] = np.inf, -np.inf  # row 2: inf - inf where both signs meet
     want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(jax_tiled.matmul(a, b, preferred_element_type=jnp.float32), np.float64)
+    assert "K split" in jax_tiled.explain(a, b, precision=precision).plan
+    got = np.asarray(
+        jax_tiled.matmul(a, b, precision=precision, preferred_element_type=jnp.float32),
+        np.float64,
+    )
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     finite = np.isfinite(want)
     np.testing.assert_array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", out_dtype=np.float32)
+    assert_matmul_close(
+        got[3:].astype(np.float32),
+        a[3:],
+        b,
+        platform="cuda",
+        precision=precision,
+        out_dtype=np.float32,
+    )
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)

@@ -36,8 +36,9 @@ bool SmallForMma(const Product& p, const KernelDescriptor& mma, const DeviceFact
 std::string TensorCoreInputs(const Product& p) {
   if (IsSixteenBit(p.in_type)) return "16-bit inputs";
   return std::string("float32 at precision ") +
-         (p.SplitsTf32() ? "HIGH: 3xTF32 (three TF32 products of split operands, close to fp32)"
-                         : "DEFAULT: one TF32 pass, as XLA's own");
+         (p.SplitsTf32()
+              ? "HIGH: 3xTF32 and lo x lo (four TF32 products of split operands, close to fp32)"
+              : "DEFAULT: one TF32 pass, as XLA's own");
 }
 
 // Why the Hopper kernel cannot take a product the tensor cores compute.

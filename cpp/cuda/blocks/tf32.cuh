@@ -3,12 +3,15 @@
 // add into float32. Two ways to use them (docs/precision.md):
 //   DEFAULT, one pass:  a * b ~ tf32(a) * tf32(b), relative error ~2^-11 per
 //     operand, what XLA's own float32 matmul does on these GPUs;
-//   HIGH, three passes: split x = hi + lo, both TF32, and
-//     a * b ~ a_lo * b_hi + a_hi * b_lo + a_hi * b_hi. The dropped a_lo * b_lo
-//     and the rounding of lo are ~2^-20 of |a b|: close to fp32 (2^-24) at
-//     three times the tensor-core work, still far below SIMT fp32.
+//   HIGH, "3xTF32" and lo x lo: split x = hi + lo, both TF32, and
+//     a * b ~ a_lo * b_lo + a_lo * b_hi + a_hi * b_lo + a_hi * b_hi. What is
+//     left out is lo's own rounding, ~2^-22 of |a b|: close to fp32 (2^-24)
+//     at four times the tensor-core work, still far below SIMT fp32. The
+//     classic 3xTF32 drops a_lo * b_lo (~2^-21 of |a b|), which with hi
+//     truncated has the product's sign: over a long K on positive inputs it
+//     leaned by -1.5e-7 (NOTES.md, "HIGH as four TF32 products, K split").
 //     The tensor cores truncate each addition into their accumulator, and
-//     over K / 8 * 3 additions that bias grows linearly in K; so the split
+//     over K / 8 * 4 additions that bias grows linearly in K; so the split
 //     kernels sum each slab into a fresh accumulator (small terms first) and
 //     add the slabs up with ordinary rounded float adds.
 //
@@ -18,7 +21,9 @@
 // nonzero, or the product becomes inf - inf or inf * 0 = NaN. Hence hi is x
 // truncated (rounding to nearest may step past x and flip lo's sign), and a
 // lo that would be zero is FLT_MIN with x's sign: far below the rounding of
-// any product it joins, but enough to carry an infinity's sign.
+// any product it joins, but enough to carry an infinity's sign. lo is always
+// finite, so lo x lo adds no special value of its own (FLT_MIN x FLT_MIN
+// flushes to zero).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -365,8 +365,9 @@ __device__ __forceinline__ void LoadWarpFragments(uint32_t (&a)[Cfg::kTilesM][4]
 // into a chunk that starts at zero, truncating only relative to that slab's
 // partial sum, and adds the chunk into acc with ordinary round-to-nearest
 // float adds: a chunk's error is a few ulp of its own slab's sum, with that
-// sum's sign, which varies from slab to slab. Within the slab the small terms (a_lo b_hi, a_hi
-// b_lo, every k step) go in first, while the chunk is still small, and the a_hi b_hi ones last.
+// sum's sign, which varies from slab to slab. Within the slab the small terms (a_lo b_lo,
+// a_lo b_hi, a_hi b_lo, every k step) go in first, while the chunk is still small, and the
+// a_hi b_hi ones last.
 // That keeps every k step's hi parts live across the slab, and the chunk
 // doubles the accumulators, hence the split configs' smaller warp tiles
 // (MmaLarge, MmaSmall).
@@ -405,6 +406,7 @@ __device__ __forceinline__ void MmaSlab(float (&acc)[Cfg::kTilesM][Cfg::kTilesN]
       SplitFragmentsTf32(b_hi[s], b_lo);
       // Each pass is kTilesM x kTilesN independent mma, so no pass waits on
       // the previous one's result for long.
+      MmaWarpTile<In>(chunk, a_lo, b_lo);
       MmaWarpTile<In>(chunk, a_lo, b_hi[s]);
       MmaWarpTile<In>(chunk, a_hi[s], b_lo);
     }

@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "cuda/blocks/blocked_sum.cuh"
@@ -100,8 +101,10 @@ using WgmmaNarrow = WgmmaConfig<128, 6>;
 // would multiply padding.
 using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
-// Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial sums.
+// Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial
+// sums; where B is split into hi and lo, 3 stages of 48 KB.
 using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
+using WgmmaSplitKRewritingB = WgmmaConfig<128, 3, 1, true>;
 
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
@@ -412,13 +415,16 @@ struct WgmmaConsumer {
     hopper::WgmmaFence();
     auto b = [&](int step) { return Tiles::BRead::Descriptor(stages.BRead(at.stage), 0, step); };
     if constexpr (Ops::kSplit) {
-      // Into a fresh slab sum: the small terms of every step first, so only
-      // the four big ones are added (truncated) into a large partial sum.
+      // Into a fresh slab sum: the small terms of every step first (lo x lo
+      // too: dropped, it leans, since a truncated hi leaves lo x lo of the
+      // product's sign), so only the four big ones are added (truncated)
+      // into a large partial sum.
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), step > 0);
-        hopper::WgmmaTf32<Cfg::kBlockN>(
-            partial, a.hi[step], Tiles::BRead::Descriptor(stages.BSecond(at.stage), 0, step), 1);
+        const auto b_lo = Tiles::BRead::Descriptor(stages.BSecond(at.stage), 0, step);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b_lo, step > 0);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), 1);
+        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step], b_lo, 1);
       }
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step)
@@ -1096,8 +1102,10 @@ inline constexpr Takes kWgmmaTakes = [] {
   return takes;
 }();
 
-// The plan for a product: WgmmaRewritingB where B is rewritten (3xTF32, or
-// TF32 with both operands stored MN-major), else 128 x 64 tiles for
+// The plan for a product: for 3xTF32, 128 x 128 tiles with K split across
+// clusters where the tiles alone would leave most SMs idle (as for one pass,
+// below), else WgmmaRewritingB; WgmmaRewritingB too for TF32 with both
+// operands stored MN-major; else 128 x 64 tiles for
 // outputs 64 or fewer columns wide where they fill the GPU, else wide tiles
 // in pairs sharing B where they fill it, else 128 x 128 tiles with K split across
 // clusters where the tiles alone would leave most SMs idle, else 128 x 128
@@ -1122,20 +1130,21 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     transposing.transposes_b = true;
     return transposing;
   }
-  if (p.SplitsTf32()) return plan(WgmmaRewritingB{});
-  if (WgmmaUsesSkinnyTiles(arranged, multiprocessors)) return plan(WgmmaSkinny{});
-  if (WgmmaUsesWideTiles(arranged, multiprocessors))
-    return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   // K per slab: one 128-byte swizzle row of the input type.
   const int slab_depth =
       p.in_type == Dtype::kF32 ? hopper::kSwizzleElements<float> : hopper::kSwizzleElements<__half>;
-  if (const WgmmaSplit split = WgmmaSplitFor(arranged, multiprocessors, slab_depth, held);
-      split.parts > 1) {
-    LaunchPlan splitting = PlanOf<WgmmaSplitK>(swap_ab, 0, split.parts);
+  auto split_k = [&](auto cfg) -> std::optional<LaunchPlan> {
+    const WgmmaSplit split = WgmmaSplitFor(arranged, multiprocessors, slab_depth, held);
+    if (split.parts <= 1) return std::nullopt;
+    LaunchPlan splitting = PlanOf<decltype(cfg)>(swap_ab, 0, split.parts);
     splitting.split_groups = split.groups;
     return splitting;
-  }
-  return plan(WgmmaNarrow{});
+  };
+  if (p.SplitsTf32()) return split_k(WgmmaSplitKRewritingB{}).value_or(plan(WgmmaRewritingB{}));
+  if (WgmmaUsesSkinnyTiles(arranged, multiprocessors)) return plan(WgmmaSkinny{});
+  if (WgmmaUsesWideTiles(arranged, multiprocessors))
+    return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
+  return split_k(WgmmaSplitK{}).value_or(plan(WgmmaNarrow{}));
 }
 
 // The descriptor's launcher for one input type (kernel.h,
@@ -1158,7 +1167,7 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
                                                                                  plan);
         });
       if (p.SplitsTf32())
-        return WithConfig<WgmmaRewritingB>(plan, [&](auto cfg) {
+        return WithConfig<WgmmaRewritingB, WgmmaSplitKRewritingB>(plan, [&](auto cfg) {
           return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context, plan);
         });
     }
