@@ -3,7 +3,8 @@
 # required, compute-sanitizer on small odd shapes (plus the planted race), the
 # benchmark, and error and bias against float64 beside jnp's (--accuracy, on
 # its default shapes: long K and positive inputs among them). Logs go to $OUT
-# (or ./device_out); the flagged accuracy rows print before the short summary.
+# (or ./device_out; the logs packed into logs.tgz, the JSON rows and plots as
+# they are); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
 #          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
 #          [TESTS="tests/test_tensor_cores.py"] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
@@ -106,5 +107,14 @@ if [[ " $steps " == *" accuracy "* ]]; then
   note "accuracy: rc=$? :: $(grep -E 'rows miss' "$OUT/accuracy.err")"
   grep -E 'ERR|BIAS' "$OUT/accuracy.log" | grep -v '^flag:'
 fi
+
+# The device tool brings back at most 8 files from $OUT: the logs travel as one
+# archive (tar xzf logs.tgz), the JSON rows and plots as they are.
+(
+  cd "$OUT" || exit
+  shopt -s nullglob
+  logs=(*.log *.txt *.err)
+  ((${#logs[@]})) && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"
+)
 
 echo; printf '%s\n' "${summary[@]}"
