@@ -688,14 +688,17 @@ def test_module_entry_point_lists_the_suites():
     assert "GPU suite: 512^3" in result.stdout and "CPU --quick: 256^3" in result.stdout
 
 
-def test_scaling_tool_runs_on_the_shared_timing():
+def test_scaling_tool_runs_on_the_shared_timing(tmp_path):
     """tools/scaling.py times through the bench's timing module; on CPU devices
     (four, from conftest's XLA_FLAGS) at a tiny size it prints a row per layout
-    and overlap setting: the milliseconds, the efficiencies and the ratio."""
+    and overlap setting: the milliseconds, the efficiencies, the ratio and the
+    all-gathers of ours and of jnp's program; --json writes the same rows."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the four CPU devices, on a GPU machine too
+    report = tmp_path / "scaling.json"
     result = subprocess.run(
-        [sys.executable, str(script), "--size", "64", "--repeats", "5", "--no-overlap"],
+        [sys.executable, str(script), "--size", "64", "--repeats", "5", "--no-overlap"]
+        + ["--json", str(report)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -707,14 +710,27 @@ def test_scaling_tool_runs_on_the_shared_timing():
     layouts = (
         "M-sharded",
         "N-sharded",
+        "batch-sharded",
         "K-sharded, replicated",
         "K-sharded, reduce-scatter",
         "all-gather (a by M, b by N)",
     )
-    assert [(line[:28].strip(), line[28:41].strip()) for line in table] == [
-        (layout, label) for layout in layouts for label in ("chunks=auto", "no overlap")
+    variants = ("chunks=auto", "no overlap")
+    assert [(line[:28].strip(), line[28:41].strip()) for line in table[: 2 * len(layouts)]] == [
+        (layout, label) for layout in layouts for label in variants
     ]
-    for line in table:
-        ours, theirs, ours_eff, theirs_eff, ratio = line[41:].split()
+    gathers = {}
+    for line in table[: 2 * len(layouts)]:
+        ours, theirs, ours_eff, theirs_eff, ratio, gathered = line[41:].split()[:6]
         assert float(ours) > 0 and float(theirs) > 0 and ratio.endswith("x")
         assert ours_eff.endswith("%") and theirs_eff.endswith("%")
+        gathers[line[:41].strip()] = tuple(int(g) for g in gathered.split("/"))
+    # The gathered pattern: jnp gathers an operand; the ring sends pieces around instead.
+    assert gathers["all-gather (a by M, b by N)  chunks=auto"] == (0, 1), gathers
+    assert gathers["M-sharded                    no overlap"] == (0, 0), gathers
+    rows = json.loads(report.read_text())["rows"]
+    assert [(row["layout"], row["variant"]) for row in rows] == [
+        (layout, label) for layout in layouts for label in variants
+    ]
+    ring = rows[2 * layouts.index("K-sharded, replicated")]
+    assert ring["collectives"].get("collective-permute", 0) > 0, ring

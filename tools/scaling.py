@@ -2,21 +2,29 @@
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--no-overlap] [--devices 2]
+        [--json scaling.json]
 
 Times each layout below on 1 device and on `--devices` (default: every device
 of the machine), for jax_tiled.matmul and for jnp.matmul under the same
 shardings, and prints per layout the milliseconds, each one's efficiency
-t(1) / (N * t(N)) against its own one-device time, and jnp's time over ours.
-The one-device time is the same unsharded product for every layout, timed
-once per implementation. `--chunks` times jax_tiled once per value of
-`jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings' pieces; the
-others ignore it); `--no-overlap` adds a row with the overlap turned off.
-Every product is checked against jnp.matmul's before it is timed.
+t(1) / (N * t(N)) against its own one-device time, jnp's time over ours, and
+the all-gathers each compiled program holds (ours against jnp's: a sharded
+product should gather no operand that jnp does not). The one-device time is
+the same unsharded product for every layout of a problem, timed once per
+implementation: the size^3 product, or for the batch-sharded layout a batch
+of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
+per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
+pieces; the others ignore it); `--no-overlap` adds a row with the overlap
+turned off. Every product is checked against jnp.matmul's before it is
+timed. `--json` writes the rows, the device and the arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import re
 import statistics
 import sys
 
@@ -29,14 +37,29 @@ from jax.sharding import PartitionSpec as P
 import jax_tiled
 from jax_tiled.bench.timing import pipelined_samples
 
-# name: a's spec, b's spec, the result's spec (jit's out_shardings).
+# name: a's spec, b's spec, the result's spec (jit's out_shardings). Specs of
+# three axes are the batched problem's (BATCH products of half the size).
 LAYOUTS = {
     "M-sharded": (P("x", None), P(None, None), P("x", None)),
     "N-sharded": (P(None, None), P(None, "x"), P(None, "x")),
+    "batch-sharded": (P("x", None, None), P("x", None, None), P("x", None, None)),
     "K-sharded, replicated": (P(None, "x"), P("x", None), P(None, None)),
     "K-sharded, reduce-scatter": (P(None, "x"), P("x", None), P("x", None)),
     "all-gather (a by M, b by N)": (P("x", None), P(None, "x"), P(None, "x")),
 }
+BATCH = 8  # divides 2, 4 and 8 devices; 8 products of (n/2)^3 are n^3's FLOPs
+# A collective in a compiled program's HLO: the op, or the start of its async pair.
+COLLECTIVE = re.compile(
+    r"\b(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(?:-start)?\("
+)
+
+
+def collectives(compiled_text: str) -> dict[str, int]:
+    """How many of each collective a compiled program holds."""
+    counts: dict[str, int] = {}
+    for match in COLLECTIVE.finditer(compiled_text):
+        counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return counts
 
 
 def median_seconds(fn, a, b, repeats: int, calls: int = 10) -> float:
@@ -74,18 +97,30 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS), metavar="LAYOUT"
     )
+    parser.add_argument("--json", metavar="PATH", help="write the rows here")
     args = parser.parse_args(argv)
     devices = jax.devices()
     count = args.devices or len(devices)
     if not 2 <= count <= len(devices):
         parser.error(f"--devices must be 2 to {len(devices)}, got {count}")
     n = args.size
+    if n % 2:
+        parser.error(f"--size must be even (the batched problem is {BATCH} of size/2), got {n}")
     key_a, key_b = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(key_a, (n, n), args.dtype)
-    b = jax.random.normal(key_b, (n, n), args.dtype)
+    problems = {
+        2: (
+            jax.random.normal(key_a, (n, n), args.dtype),
+            jax.random.normal(key_b, (n, n), args.dtype),
+        ),
+        3: (
+            jax.random.normal(key_a, (BATCH, n // 2, n // 2), args.dtype),
+            jax.random.normal(key_b, (BATCH, n // 2, n // 2), args.dtype),
+        ),
+    }
     print(
         f"# {devices[0].device_kind} x{count}, jax {jax.__version__}, {n}^3 {args.dtype}, "
-        f"precision {args.precision}; efficiency = t(1) / ({count} * t({count}))"
+        f"precision {args.precision}; efficiency = t(1) / ({count} * t({count})); "
+        f"batch-sharded: {BATCH} x {n // 2}^3"
     )
 
     variants = [(f"chunks={c if c is not None else 'auto'}", dict(chunks=c)) for c in args.chunks]
@@ -93,7 +128,9 @@ def main(argv=None) -> int:
         variants.append(("no overlap", dict(enabled=False)))
 
     def timed(matmul, mesh, specs, settings):
+        """Seconds per product, the result, and the compiled program's collectives."""
         a_spec, b_spec, out_spec = specs
+        a, b = problems[len(a_spec)]
         a_s = jax.device_put(a, NamedSharding(mesh, a_spec))
         b_s = jax.device_put(b, NamedSharding(mesh, b_spec))
         with jax_tiled.overlap.settings(**settings):
@@ -102,33 +139,73 @@ def main(argv=None) -> int:
                 out_shardings=NamedSharding(mesh, out_spec),
             )
             out = fn(a_s, b_s)
-            return median_seconds(fn, a_s, b_s, args.repeats), out
+            ops = collectives(fn.lower(a_s, b_s).compile().as_text())
+            return median_seconds(fn, a_s, b_s, args.repeats), out, ops
 
     one = Mesh(np.array(devices[:1]), ("x",))
-    plain = (P(), P(), P())
-    t1_ours, expected = timed(jax_tiled.matmul, one, plain, {})
-    t1_jnp, _ = timed(jnp.matmul, one, plain, {})
-    check(expected, jnp.matmul(a, b, precision=args.precision), args.dtype)
-    print(f"1 device: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms")
+    single = {}  # rank -> (ours, jnp) one-device seconds
+    for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts}):
+        plain = (P(*[None] * rank),) * 3
+        t1_ours, expected, _ = timed(jax_tiled.matmul, one, plain, {})
+        t1_jnp, _, _ = timed(jnp.matmul, one, plain, {})
+        check(expected, jnp.matmul(*problems[rank], precision=args.precision), args.dtype)
+        single[rank] = (t1_ours, t1_jnp)
+        what = f"{n}^3" if rank == 2 else f"{BATCH} x {n // 2}^3"
+        print(f"1 device, {what}: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms")
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
     header = (
         f"{'layout':28} {'jax_tiled':12} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
-        f"{'jnp eff':>8} {'jnp/ours':>8}"
+        f"{'jnp eff':>8} {'jnp/ours':>8} {'gathers':>8}"
     )
     print(header)
     print("-" * len(header))
+    rows = []
     for layout in args.layouts:
         specs = LAYOUTS[layout]
-        t_jnp, reference = timed(jnp.matmul, mesh, specs, {})
+        t1_ours, t1_jnp = single[len(specs[0])]
+        t_jnp, reference, jnp_ops = timed(jnp.matmul, mesh, specs, {})
         for label, settings in variants:
-            t, out = timed(jax_tiled.matmul, mesh, specs, settings)
+            t, out, ops = timed(jax_tiled.matmul, mesh, specs, settings)
             check(out, reference, args.dtype)
+            gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
             print(
                 f"{layout:28} {label:12} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
-                f"{t_jnp / t:7.2f}x"
+                f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
+                + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")
             )
+            rows.append(
+                dict(
+                    layout=layout,
+                    variant=label,
+                    ours_ms=t * 1e3,
+                    jnp_ms=t_jnp * 1e3,
+                    ours_one_device_ms=t1_ours * 1e3,
+                    jnp_one_device_ms=t1_jnp * 1e3,
+                    ours_efficiency=t1_ours / (count * t),
+                    jnp_efficiency=t1_jnp / (count * t_jnp),
+                    ratio=t_jnp / t,
+                    collectives=ops,
+                    jnp_collectives=jnp_ops,
+                )
+            )
+    if args.json:
+        report = dict(
+            device=devices[0].device_kind,
+            devices=count,
+            jax_version=jax.__version__,
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            argv=sys.argv[1:] if argv is None else list(argv),
+            size=n,
+            batch=BATCH,
+            dtype=args.dtype,
+            precision=args.precision,
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}")
     return 0
 
 
