@@ -6,6 +6,7 @@
 # (or ./device_out; the logs packed into logs.tgz, the JSON rows and plots as
 # they are); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
+#          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
 #          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
 #          [TESTS="tests/test_tensor_cores.py"] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
@@ -125,6 +126,16 @@ if [[ " $steps " == *" accuracy "* ]]; then
     --json "$OUT/accuracy.json" >"$OUT/accuracy.log" 2>"$OUT/accuracy.err"
   note "accuracy: rc=$? :: $(grep -E 'rows miss' "$OUT/accuracy.err")"
   grep -E 'ERR|BIAS' "$OUT/accuracy.log" | grep -v '^flag:'
+fi
+
+# Multi-GPU scaling (a kind with several GPUs): every layout, ours against jnp on
+# the same sharding; the issue's figures are bfloat16 8192^3 at DEFAULT.
+if [[ " $steps " == *" scaling "* ]]; then
+  # shellcheck disable=SC2086
+  NCCL_NVLS_ENABLE=0 python3 "$repo/tools/scaling.py" ${SCALING_ARGS:---dtype bfloat16 --precision default --no-overlap} \
+    --json "$OUT/scaling.json" >"$OUT/scaling.log" 2>&1
+  note "scaling: rc=$?"
+  cat "$OUT/scaling.log"
 fi
 
 # The device tool brings back at most 8 files from $OUT: the logs travel as one
