@@ -58,3 +58,17 @@ def on_gpu():
 def rng(request):
     """A fresh generator per test, seeded from the test's name so failures reproduce."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+TEST_TIMES = os.environ.get("JAX_TILED_TEST_TIMES")
+
+
+def pytest_runtest_logreport(report):
+    """With JAX_TILED_TEST_TIMES=PATH, each test's call time is appended to PATH
+    as it ends ("seconds<TAB>outcome<TAB>test"; under pytest-xdist, by the
+    controller), so a GPU run cut short by its time limit still says where its
+    time went (tools/device_check.sh sets it)."""
+    in_worker = "PYTEST_XDIST_WORKER" in os.environ  # its controller writes the line
+    if TEST_TIMES and report.when == "call" and not in_worker:
+        with open(TEST_TIMES, "a") as times:
+            times.write(f"{report.duration:.3f}\t{report.outcome}\t{report.nodeid}\n")

@@ -8,12 +8,14 @@
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
 #          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
 #          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
-#          [TESTS="tests/test_tensor_cores.py"] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
+#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
 #          [BASELINE=docs/perf/<baseline>.json] tools/device_check.sh [bench args...]
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
 # the kernels --accuracy measures (default: auto, what users get); TESTS the
-# pytest paths, relative to the repository (default: tests, all of them).
+# pytest paths, relative to the repository (default: tests, all of them), or
+# TEST_SHARD=i/n every n-th test file from the i-th (n calls, i = 1..n, make
+# the whole suite).
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
 # workers, so split the steps over calls made back to back (the machine stays
 # warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
@@ -43,15 +45,27 @@ fi
 repo=$PWD
 
 if [[ " $steps " == *" tests "* ]]; then
-  test_paths=(); for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
+  test_paths=()
+  if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": every n-th test file from the i-th
+    shard=${TEST_SHARD%/*} shards=${TEST_SHARD#*/} index=0
+    for t in "$repo"/tests/test_*.py; do
+      ((index++ % shards == shard - 1)) && test_paths+=("$t")
+    done
+  else
+    for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
+  fi
   # Workers share the GPU: each takes memory as it needs it, not 75% up front.
-  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "${TEST_TIMEOUT:-480}" \
+  # Each test's time goes to test_times.tsv as it ends (tests/conftest.py).
+  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    JAX_TILED_TEST_TIMES="$OUT/test_times.tsv" timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
     "${test_paths[@]}" >"$OUT/tests.log" 2>&1
   rc=$?
   note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$rc :: $(grep -cE ' PASSED ' "$OUT/tests.log") passed, \
 $(grep -cE ' (FAILED|ERROR) ' "$OUT/tests.log") failed or errors$( ((rc == 124)) && echo ', cut short by TEST_TIMEOUT')"
   grep -E ' (FAILED|ERROR) ' "$OUT/tests.log" | grep -oE 'tests/[^ ]+' | sort -u | head -40
+  echo "slowest tests (seconds; all in test_times.tsv, inside logs.tgz):"
+  sort -rn "$OUT/test_times.tsv" 2>/dev/null | head -12
 fi
 
 # Whether this compute-sanitizer offers an option (its --help, read once the
@@ -143,7 +157,7 @@ fi
 (
   cd "$OUT" || exit
   shopt -s nullglob
-  logs=(*.log *.txt *.err)
+  logs=(*.log *.txt *.err *.tsv)
   ((${#logs[@]})) && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"
 )
 
