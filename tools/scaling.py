@@ -16,7 +16,8 @@ of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
 per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
 pieces; the others ignore it); `--no-overlap` adds a row with the overlap
 turned off. Every product is checked against jnp.matmul's on the same
-sharding and against ours on one device before it is timed. `--json` writes the rows, the device and the arguments.
+sharding and against ours on one device before it is timed. `--json`
+writes the rows, the device and the arguments.
 """
 
 from __future__ import annotations
