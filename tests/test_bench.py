@@ -17,7 +17,7 @@ import pytest
 
 import jax_tiled
 from helpers import count_equations, equations
-from jax_tiled.bench import accuracy, chains, cli, harness, products, report, train_step
+from jax_tiled.bench import accuracy, chains, cli, harness, products, report, shapes, train_step
 
 TINY_STEP = [
     "--train-step",
@@ -686,6 +686,22 @@ def test_module_entry_point_lists_the_suites():
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "GPU suite: 512^3" in result.stdout and "CPU --quick: 256^3" in result.stdout
+    assert "--user-shapes, M <= 64 (decoding): 16x8192x8192" in result.stdout
+
+
+def test_user_shapes_cover_each_class_and_replace_the_suite():
+    """--user-shapes times the user shape classes, every name parsing, each
+    class with shapes the suite does not hold; it is one choice of shapes."""
+    _, args = cli.parse_args(["--user-shapes"])
+    chosen = [shape.name for shape in cli.default_shapes(args, on_cpu=False)]
+    assert chosen == [name for names in shapes.USER_SHAPES.values() for name in names]
+    for kind, names in shapes.USER_SHAPES.items():
+        assert set(names) - set(shapes.GPU_SUITE), kind
+    decoding = [cli.parse_shape(name) for name in shapes.USER_SHAPES["M <= 64 (decoding)"]]
+    assert all(shape.m <= 64 for shape in decoding)
+    for clash in (["--shapes", "1024^3"], ["--quick"], ["--cpu-suite"], ["--accuracy"]):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["--user-shapes", *clash])
 
 
 def test_scaling_tool_runs_on_the_shared_timing(tmp_path):

@@ -49,7 +49,15 @@ from jax_tiled.bench.report import (
     json_rows,
     write_json,
 )
-from jax_tiled.bench.shapes import CPU_QUICK, CPU_SUITE, GPU_QUICK, GPU_SUITE, Shape, parse_shape
+from jax_tiled.bench.shapes import (
+    CPU_QUICK,
+    CPU_SUITE,
+    GPU_QUICK,
+    GPU_SUITE,
+    USER_SHAPES,
+    Shape,
+    parse_shape,
+)
 from jax_tiled.bench.timing import CPU_BUDGET, GPU_BUDGET, Budget
 from jax_tiled.bench.train_step import (
     MODELS,
@@ -131,6 +139,12 @@ def parse_args(argv):
         "--cpu-suite",
         action="store_true",
         help="the small CPU suite even on a GPU backend (default on CPU)",
+    )
+    p.add_argument(
+        "--user-shapes",
+        action="store_true",
+        help="the shapes users' products take, by class (odd sizes, skinny, K-heavy, "
+        "M <= 64, batched; --list-shapes prints them), instead of the suite",
     )
     p.add_argument(
         "--repeats",
@@ -260,12 +274,26 @@ def parse_args(argv):
         p.error(f"{' and '.join(modes)} are separate runs")
     mode = modes[0] if modes else None
     if mode in ("--train-step", "--chain") and (
-        args.shapes or args.cpu_suite or args.plot or args.list_shapes
+        args.shapes or args.cpu_suite or args.user_shapes or args.plot or args.list_shapes
     ):
         p.error(
-            f"{mode} times its own products: --shapes, --cpu-suite, --plot and "
-            "--list-shapes do not apply"
+            f"{mode} times its own products: --shapes, --cpu-suite, --user-shapes, --plot "
+            "and --list-shapes do not apply"
         )
+    suites = [
+        flag
+        for flag, on in (
+            ("--shapes", args.shapes),
+            ("--quick", args.quick),
+            ("--cpu-suite", args.cpu_suite),
+            ("--user-shapes", args.user_shapes),
+        )
+        if on
+    ]
+    if args.user_shapes and len(suites) > 1:
+        p.error(f"{' and '.join(suites)} each choose the shapes: give one")
+    if args.user_shapes and mode in ("--accuracy", "--ladder"):
+        p.error(f"--user-shapes goes with the product suite, not {mode}")
     if mode and args.pallas is not None:
         p.error(f"--pallas and --no-pallas go with the product suite, not {mode}")
     if mode == "--accuracy" and (args.quick or args.plot or args.list_shapes):
@@ -337,6 +365,8 @@ def parse_args(argv):
 
 
 def default_shapes(args, on_cpu: bool) -> list[Shape]:
+    if args.user_shapes:
+        return [parse_shape(name) for names in USER_SHAPES.values() for name in names]
     if on_cpu or args.cpu_suite:
         names = CPU_QUICK if args.quick else CPU_SUITE
     else:
@@ -362,6 +392,7 @@ def main(argv=None) -> int:
             ("GPU --quick", GPU_QUICK),
             ("CPU suite", CPU_SUITE),
             ("CPU --quick", CPU_QUICK),
+            *((f"--user-shapes, {kind}", names) for kind, names in USER_SHAPES.items()),
         ):
             print(f"{title}: {' '.join(names)}")
         return 0

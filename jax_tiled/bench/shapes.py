@@ -46,6 +46,21 @@ CPU_SUITE = (
     "1024^3-tB",
 )
 CPU_QUICK = ("256^3", "512^3", "1024^3", "1000x800x1200")
+# The shapes users' products take, by class (--user-shapes): not the suite
+# the kernels were tuned on, so that a class is judged on shapes beside the
+# ones it was measured with (M x K x N; "b" a batch).
+USER_SHAPES = {
+    "odd sizes": ("1000x800x1200", "777x1999x513", "3000x1000x2999"),
+    "skinny (a side of 64 to 128)": (
+        "8192x128x8192",
+        "4096x4096x128",
+        "128x4096x4096",
+        "16384x4096x64",
+    ),
+    "K-heavy": ("512x8192x512", "256x65536x256", "1024x32768x1024"),
+    "M <= 64 (decoding)": ("16x8192x8192", "64x4096x14336", "32x4096x4096"),
+    "batched": ("b8x2048x128x2048", "b16x1024^3", "b32x512x64x512", "b64x256x64x256"),
+}
 
 SKINNY = 128
 
