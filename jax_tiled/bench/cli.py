@@ -260,16 +260,12 @@ def parse_args(argv):
     )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    modes = [
-        flag
-        for flag, on in (
-            ("--train-step", args.train_step),
-            ("--chain", args.chain),
-            ("--accuracy", args.accuracy),
-            ("--ladder", args.ladder),
-        )
-        if on
-    ]
+    modes = _given(
+        ("--train-step", args.train_step),
+        ("--chain", args.chain),
+        ("--accuracy", args.accuracy),
+        ("--ladder", args.ladder),
+    )
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)} are separate runs")
     mode = modes[0] if modes else None
@@ -280,16 +276,12 @@ def parse_args(argv):
             f"{mode} times its own products: --shapes, --cpu-suite, --user-shapes, --plot "
             "and --list-shapes do not apply"
         )
-    suites = [
-        flag
-        for flag, on in (
-            ("--shapes", args.shapes),
-            ("--quick", args.quick),
-            ("--cpu-suite", args.cpu_suite),
-            ("--user-shapes", args.user_shapes),
-        )
-        if on
-    ]
+    suites = _given(
+        ("--shapes", args.shapes),
+        ("--quick", args.quick),
+        ("--cpu-suite", args.cpu_suite),
+        ("--user-shapes", args.user_shapes),
+    )
     if args.user_shapes and len(suites) > 1:
         p.error(f"{' and '.join(suites)} each choose the shapes: give one")
     if args.user_shapes and mode in ("--accuracy", "--ladder"):
@@ -362,6 +354,11 @@ def parse_args(argv):
             p.error(f"--ladder runs every rung at one precision, got {args.precision}")
         args.precision = args.precision[0] if args.precision else None
     return p, args
+
+
+def _given(*flags: tuple[str, object]) -> list[str]:
+    """The names of the (name, value) flags that were given."""
+    return [name for name, value in flags if value]
 
 
 def default_shapes(args, on_cpu: bool) -> list[Shape]:
