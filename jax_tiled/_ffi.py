@@ -188,7 +188,9 @@ class CudaPlan:
     stages: int  # slabs its pipeline keeps in shared memory (0: none)
     cluster_m: int  # blocks of a cluster that share each B tile (TMA multicast)
     split_k: int  # > 1: K split among a cluster's blocks
-    split_groups: int  # > 1: ... and among this many clusters a tile (through scratch)
+    # > 1: ... and among this many clusters a tile (through scratch); with
+    # split_k 1 (the SIMT kernels), this many parts of K, a block each
+    split_groups: int
     swap_ab: bool  # computes C^T = B^T A^T (block_m, block_n tile C^T)
     persistent_blocks: int  # a persistent grid's blocks (0: one block per tile)
 

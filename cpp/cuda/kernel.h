@@ -96,7 +96,9 @@ struct LaunchPlan {
   int persistent_blocks = 0;
   // > 1: each tile's K split among a cluster of this many blocks (a split-K
   // configuration's plan), whose grid has one block per part of every tile;
-  // and among this many such clusters, whose partial sums meet in scratch.
+  // and among this many such clusters, whose partial sums meet in scratch
+  // (with split_k 1, the SIMT kernels: this many parts of one block each,
+  // k_parts.cuh).
   int split_k = 1, split_groups = 1;
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).

@@ -159,6 +159,10 @@ std::string LaunchPlan::Describe() const {
   else if (split_k > 1)
     text += ", K split in " + std::to_string(split_k) + " across clusters of " +
             std::to_string(split_k) + " blocks (partial sums added in rank order)";
+  else if (split_groups > 1)
+    text += ", K split in " + std::to_string(split_groups) +
+            " parts, a block each (partial sums added in part order from scratch by a second "
+            "kernel)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
   if (persistent_blocks)

@@ -7,8 +7,7 @@ namespace jax_tiled::cuda {
 namespace {
 
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return WarpTileUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<WarpTileLarge>()
-                                                                 : PlanOf<WarpTileSmall>();
+  return SimtPlan<WarpTileLarge, WarpTileSmall>(p, device);
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
@@ -18,8 +17,8 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
     using Out = decltype(result);
     return WithConfig<WarpTileLarge, WarpTileSmall>(plan, [&](auto cfg) {
       return LaunchWarpTiledWith<decltype(cfg), In, Out, AccumulatorOf<In, Out>>(
-          p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b), static_cast<Out*>(out),
-          context.stream);
+          plan, p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b),
+          static_cast<Out*>(out), context);
     });
   });
 }

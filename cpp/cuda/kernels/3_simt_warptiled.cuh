@@ -14,23 +14,36 @@
 // with x contiguous (A transposed, B plain) is copied with vector stores; one
 // stored with k contiguous (A plain, B transposed) is transposed on the way in
 // by four scalar stores, into rows padded so those stores do not conflict.
+//
+// Where the output tiles alone would leave SMs idle and K is long, K is cut
+// into parts, a block each, added by a second kernel (k_parts.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
+#include "cuda/blocks/k_parts.cuh"
 
 namespace jax_tiled::cuda {
 
-// Block shape in warps (each warp computes 32 x 64), the K slab depth, and
-// how many blocks must fit on one SM (which caps registers per thread).
-template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_>
+// Block shape in warps (each warp computes 32 x 64), the K slab depth, how
+// many blocks must fit on one SM (which caps registers per thread), and
+// whether K may be cut into parts (k_parts.cuh): for float32 accumulators
+// only, since a thread's 64 doubles leave no registers for the parts'
+// bookkeeping (ptxas spilled), and in the configuration for few tiles only
+// (the other one is chosen where its tiles fill the GPU); the others compile
+// without it.
+template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_, bool kSplitsK_ = false>
 struct WarpTileConfig {
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kSlab = kSlab_;
   static constexpr int kMinBlocks = kMinBlocks_;
+  template <class Acc>
+  static constexpr bool kPartsOfK = kSplitsK_ && sizeof(Acc) == 4;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBlockM = 32 * kWarpsM, kBlockN = 64 * kWarpsN;
   // Whether each thread's 8 x 8 sums of Acc can be blocked (blocked_sum.cuh).
@@ -187,10 +200,14 @@ __device__ __forceinline__ void StoreThreadTile(const Acc (&acc)[8][8], ThreadTi
   }
 }
 
+// The grid's z runs over the batch and the parts of K (k_parts.cuh): z =
+// part * batch + the batch index. Part p writes its sums at out + p *
+// parts.slot_stride.
 template <class Cfg, class In, class Out, class Acc>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WarpTiledMatmul(MatmulDims dims, const In* __restrict__ a, const In* __restrict__ b,
-                    Out* __restrict__ out, bool a_vector_ok, bool b_vector_ok) {
+                    Out* __restrict__ out, bool a_vector_ok, bool b_vector_ok, KParts split_parts) {
+  const KParts parts = Cfg::template kPartsOfK<Acc> ? split_parts : KParts{1, dims.k, 0};
   using LoaderA = SlabLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, In, Acc>;
   using LoaderB = SlabLoader<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads, In, Acc>;
   __shared__ __align__(16) typename LoaderA::Tile a_tiles[2];
@@ -199,22 +216,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const ThreadTile thread_tile(Cfg::kWarpsN);
   const int64_t tiles_m = (dims.m + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t tiles_n = (dims.n + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
 
-  for (int64_t batch = blockIdx.z; batch < dims.batch; batch += gridDim.z) {
+  for (int64_t z = blockIdx.z; z < dims.batch * parts.count; z += gridDim.z) {
+    const int64_t batch = parts.count == 1 ? z : z % dims.batch;
+    const int64_t part = parts.count == 1 ? 0 : z / dims.batch;
+    const int64_t k0 = parts.Begin(part), depth = parts.Length(part, dims.k);
+    const int64_t slabs = (depth + Cfg::kSlab - 1) / Cfg::kSlab;
     for (int64_t tile_m = blockIdx.y; tile_m < tiles_m; tile_m += gridDim.y) {
       for (int64_t tile_n = blockIdx.x; tile_n < tiles_n; tile_n += gridDim.x) {
         const int64_t row0 = tile_m * Cfg::kBlockM, col0 = tile_n * Cfg::kBlockN;
-        LoaderA load_a{a + batch * dims.a_batch_stride,
+        LoaderA load_a{FromK(a + batch * dims.a_batch_stride, dims.lda, !dims.transpose_a, k0),
                        dims.lda,
                        dims.m,
-                       dims.k,
+                       depth,
                        !dims.transpose_a,
                        a_vector_ok};
-        LoaderB load_b{b + batch * dims.b_batch_stride,
+        LoaderB load_b{FromK(b + batch * dims.b_batch_stride, dims.ldb, dims.transpose_b, k0),
                        dims.ldb,
                        dims.n,
-                       dims.k,
+                       depth,
                        dims.transpose_b,
                        b_vector_ok};
 
@@ -241,7 +261,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           __syncthreads();
         }
 
-        StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0,
+        StoreThreadTile(acc.Result(), thread_tile,
+                        out + part * parts.slot_stride + batch * dims.out_batch_stride, dims, row0,
                         col0);
       }
     }
@@ -252,7 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // over, else 64 x 64 ones, which quadruple the block count on small problems.
 // Two large blocks per SM (16 warps) need at most 128 registers a thread.
 using WarpTileLarge = WarpTileConfig<4, 2, 8, 2>;
-using WarpTileSmall = WarpTileConfig<2, 1, 8, 4>;
+using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
 
 // Whether every row of every batch of an operand starts 4-element aligned,
 // so groups of 4 can move as one 16-byte (or 2 x 16-byte) access.
@@ -262,21 +283,52 @@ bool QuadAligned(const In* p, int64_t ld, int64_t batch_stride) {
          reinterpret_cast<uintptr_t>(p) % (4 * sizeof(In)) == 0;
 }
 
+// Runs the product in plan.split_groups parts of K (1: whole).
 template <class Cfg, class In, class Out, class Acc>
-cudaError_t LaunchWarpTiledWith(const MatmulDims& dims, const In* a, const In* b, Out* out,
-                                cudaStream_t stream) {
-  const dim3 grid = OutputTileGrid(dims, Cfg::kBlockM, Cfg::kBlockN);
-  WarpTiledMatmul<Cfg, In, Out, Acc><<<grid, Cfg::kThreads, 0, stream>>>(
-      dims, a, b, out, QuadAligned(a, dims.lda, dims.a_batch_stride),
-      QuadAligned(b, dims.ldb, dims.b_batch_stride));
-  return cudaGetLastError();
+cudaError_t LaunchWarpTiledWith(const LaunchPlan& plan, const MatmulDims& dims, const In* a,
+                                const In* b, Out* out, const LaunchContext& context) {
+  // K's parts keep the quads' alignment: a part starts at a multiple of the slab (of 4).
+  static_assert(Cfg::kSlab % 4 == 0, "a part of K starts on a quad");
+  const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
+  const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
+  return LaunchInKParts<Acc>(
+      dims, KPartsOf(dims.k, plan.split_groups, Cfg::kSlab), out, context,
+      [&](const MatmulDims& to, auto* sums, const KParts& parts) {
+        dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);
+        grid.z = static_cast<unsigned>(std::min<int64_t>(to.batch * parts.count, 65535));
+        WarpTiledMatmul<Cfg, In, std::remove_pointer_t<decltype(sums)>, Acc>
+            <<<grid, Cfg::kThreads, 0, context.stream>>>(to, a, b, sums, a_vector_ok, b_vector_ok,
+                                                         parts);
+        return cudaGetLastError();
+      });
+}
+
+inline int64_t WarpTileBlocks(const MatmulDims& dims, int block_m, int block_n) {
+  return dims.batch * ((dims.m + block_m - 1) / block_m) * ((dims.n + block_n - 1) / block_n);
 }
 
 inline bool WarpTileUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
-  const int64_t large_blocks = dims.batch *
-                               ((dims.m + WarpTileLarge::kBlockM - 1) / WarpTileLarge::kBlockM) *
-                               ((dims.n + WarpTileLarge::kBlockN - 1) / WarpTileLarge::kBlockN);
-  return large_blocks >= 2 * multiprocessors;
+  return WarpTileBlocks(dims, WarpTileLarge::kBlockM, WarpTileLarge::kBlockN) >=
+         2 * multiprocessors;
+}
+
+// The plan of warptile and pipelined, whose block shapes are the same (Large
+// and Small: WarpTileConfig or PipelineConfig): 128 x 128 blocks once they
+// fill the GPU twice over, else 64 x 64 ones, which quadruple the block
+// count; and where even those leave SMs idle, K cut into parts.
+template <class Large, class Small>
+LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
+  if (WarpTileUsesLargeBlocks(p.dims, device.multiprocessors)) return PlanOf<Large>();
+  LaunchPlan plan = PlanOf<Small>();
+  const bool accumulates_in_double = p.in_type == Dtype::kF64 || p.out_type == Dtype::kF64;
+  if (!Small::template kPartsOfK<float> || accumulates_in_double) return plan;
+  const int64_t tiles = WarpTileBlocks(p.dims, Small::kBlockM, Small::kBlockN);
+  plan.split_groups = static_cast<int>(
+      KPartsOf(p.dims.k,
+               KPartsWanted(tiles, p.dims.k, int64_t{device.multiprocessors} * Small::kMinBlocks),
+               Small::kSlab)
+          .count);
+  return plan;
 }
 
 }  // namespace jax_tiled::cuda

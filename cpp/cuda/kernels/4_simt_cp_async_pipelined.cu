@@ -10,10 +10,9 @@ namespace {
 constexpr Takes kTakes{
     kF32, kSixteenBit | kF32, true, 80, false, "its cp.async copies cannot convert"};
 
-// The same block shapes as warptile, for the same reason.
+// The same block shapes and parts of K as warptile, for the same reasons.
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return WarpTileUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<PipelinedLarge>()
-                                                                 : PlanOf<PipelinedSmall>();
+  return SimtPlan<PipelinedLarge, PipelinedSmall>(p, device);
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
@@ -21,9 +20,9 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
   return VisitOutput<kTakes>(p.out_type, [&](auto result) {
     using Out = decltype(result);
     return WithConfig<PipelinedLarge, PipelinedSmall>(plan, [&](auto cfg) {
-      return LaunchPipelinedWith<decltype(cfg), Out>(p.dims, static_cast<const float*>(p.a),
+      return LaunchPipelinedWith<decltype(cfg), Out>(plan, p.dims, static_cast<const float*>(p.a),
                                                      static_cast<const float*>(p.b),
-                                                     static_cast<Out*>(out), context.stream);
+                                                     static_cast<Out*>(out), context);
     });
   });
 }

@@ -13,20 +13,27 @@
 // past the matrix edge; one stored with K contiguous (A plain, B transposed)
 // is transposed by 4-byte copies, 8 consecutive k of 4 rows per warp, which
 // land in distinct banks of the padded rows.
+//
+// K is cut into parts where the output tiles alone would leave SMs idle, as
+// in kernel 3 (k_parts.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/blocks/async_copy.cuh"
 #include "cuda/blocks/common.cuh"
+#include "cuda/blocks/k_parts.cuh"
 #include "cuda/kernels/3_simt_warptiled.cuh"
 
 namespace jax_tiled::cuda {
 
-template <int kWarpsM_, int kWarpsN_, int kSlab_, int kStages_, int kMinBlocks_>
-struct PipelineConfig : WarpTileConfig<kWarpsM_, kWarpsN_, kSlab_, kMinBlocks_> {
+template <int kWarpsM_, int kWarpsN_, int kSlab_, int kStages_, int kMinBlocks_,
+          bool kSplitsK_ = false>
+struct PipelineConfig : WarpTileConfig<kWarpsM_, kWarpsN_, kSlab_, kMinBlocks_, kSplitsK_> {
   static constexpr int kStages = kStages_;  // slabs resident in shared memory
   static_assert(kStages >= 2, "a pipeline needs a slab to fill while one is read");
 };
@@ -107,10 +114,14 @@ class AsyncSlabCopier {
   unsigned inside_x_;  // bit i: copy i is inside the matrix's x range
 };
 
+// The grid walks the tiles of every part of K (k_parts.cuh) in turn: unit u
+// is tile u % tiles of part u / tiles, whose sums go to out + part *
+// parts.slot_stride.
 template <class Cfg, class Out>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     PipelinedMatmul(MatmulDims dims, const float* __restrict__ a, const float* __restrict__ b,
-                    Out* __restrict__ out, bool a_vector_ok, bool b_vector_ok) {
+                    Out* __restrict__ out, bool a_vector_ok, bool b_vector_ok, KParts split_parts) {
+  const KParts parts = Cfg::template kPartsOfK<float> ? split_parts : KParts{1, dims.k, 0};
   using CopierA = AsyncSlabCopier<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads>;
   using CopierB = AsyncSlabCopier<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads>;
   __shared__ __align__(16) typename CopierA::Tile a_tiles[Cfg::kStages];
@@ -118,15 +129,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   const ThreadTile thread_tile(Cfg::kWarpsN);
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN> order(dims);
-  const int64_t slabs = (dims.k + Cfg::kSlab - 1) / Cfg::kSlab;
 
-  for (int64_t tile = blockIdx.x; tile < order.count; tile += gridDim.x) {
+  for (int64_t unit = blockIdx.x; unit < order.count * parts.count; unit += gridDim.x) {
+    const int64_t tile = parts.count == 1 ? unit : unit % order.count;
+    const int64_t part = parts.count == 1 ? 0 : unit / order.count;
+    const int64_t k0 = parts.Begin(part), depth = parts.Length(part, dims.k);
+    const int64_t slabs = (depth + Cfg::kSlab - 1) / Cfg::kSlab;
     int64_t batch, row0, col0;
     order.Locate(tile, batch, row0, col0);
-    CopierA copy_a(a + batch * dims.a_batch_stride, dims.lda, dims.m, dims.k, !dims.transpose_a,
-                   a_vector_ok, row0);
-    CopierB copy_b(b + batch * dims.b_batch_stride, dims.ldb, dims.n, dims.k, dims.transpose_b,
-                   b_vector_ok, col0);
+    CopierA copy_a(FromK(a + batch * dims.a_batch_stride, dims.lda, !dims.transpose_a, k0),
+                   dims.lda, dims.m, depth, !dims.transpose_a, a_vector_ok, row0);
+    CopierB copy_b(FromK(b + batch * dims.b_batch_stride, dims.ldb, dims.transpose_b, k0), dims.ldb,
+                   dims.n, depth, dims.transpose_b, b_vector_ok, col0);
     auto issue = [&](int64_t slab) {
       // Every thread commits a group per slab, empty past the last one,
       // so the wait below always counts the same number of groups.
@@ -150,7 +164,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                      thread_tile);
       acc.EndSlab(slab);
     }
-    StoreThreadTile(acc.Result(), thread_tile, out + batch * dims.out_batch_stride, dims, row0,
+    StoreThreadTile(acc.Result(), thread_tile,
+                    out + part * parts.slot_stride + batch * dims.out_batch_stride, dims, row0,
                     col0);
     __syncthreads();  // the next tile's first copies overwrite stages still being read
   }
@@ -160,16 +175,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // two blocks per SM); 64 x 64 blocks of 2 warps when the large ones would not
 // fill the GPU twice.
 using PipelinedLarge = PipelineConfig<4, 2, 8, 4, 2>;
-using PipelinedSmall = PipelineConfig<2, 1, 8, 4, 4>;
+using PipelinedSmall = PipelineConfig<2, 1, 8, 4, 4, true>;
 
+// Runs the product in plan.split_groups parts of K (1: whole).
 template <class Cfg, class Out>
-cudaError_t LaunchPipelinedWith(const MatmulDims& dims, const float* a, const float* b, Out* out,
-                                cudaStream_t stream) {
-  const dim3 grid = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).Grid();
-  PipelinedMatmul<Cfg, Out><<<grid, Cfg::kThreads, 0, stream>>>(
-      dims, a, b, out, QuadAligned(a, dims.lda, dims.a_batch_stride),
-      QuadAligned(b, dims.ldb, dims.b_batch_stride));
-  return cudaGetLastError();
+cudaError_t LaunchPipelinedWith(const LaunchPlan& plan, const MatmulDims& dims, const float* a,
+                                const float* b, Out* out, const LaunchContext& context) {
+  const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
+  const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
+  return LaunchInKParts<float>(
+      dims, KPartsOf(dims.k, plan.split_groups, Cfg::kSlab), out, context,
+      [&](const MatmulDims& to, auto* sums, const KParts& parts) {
+        const int64_t units = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(to).count * parts.count;
+        const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, 0x7fffffff)));
+        PipelinedMatmul<Cfg, std::remove_pointer_t<decltype(sums)>>
+            <<<grid, Cfg::kThreads, 0, context.stream>>>(to, a, b, sums, a_vector_ok, b_vector_ok,
+                                                         parts);
+        return cudaGetLastError();
+      });
 }
 
 }  // namespace jax_tiled::cuda
