@@ -181,6 +181,8 @@ using PipelinedSmall = PipelineConfig<2, 1, 8, 4, 4, true>;
 template <class Cfg, class Out>
 cudaError_t LaunchPipelinedWith(const LaunchPlan& plan, const MatmulDims& dims, const float* a,
                                 const float* b, Out* out, const LaunchContext& context) {
+  // Parts the configuration does not compile: a planner bug, an invalid launch.
+  if (plan.split_groups > 1 && !Cfg::template kPartsOfK<float>) return cudaErrorInvalidValue;
   const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
   const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
   return LaunchInKParts<float>(
