@@ -83,13 +83,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Runs a SIMT kernel in `parts` (`launch(dims, out, parts)`, which writes
-// the parts' sums where `out` points with the row and batch strides of
-// `dims`), then, where K is split, AddKParts. Scratch holds the parts' sums:
-// count x batch x m x n accumulators.
-template <class Acc, class Out, class Launch>
-cudaError_t LaunchInKParts(const MatmulDims& dims, KParts parts, Out* out,
+// Runs a SIMT kernel in the plan's parts of K (plan.split_groups, in whole
+// slabs of kSlab; `launch(dims, out, parts)` writes the parts' sums where
+// `out` points, with the row and batch strides of `dims`), then, where K is
+// split, AddKParts. Scratch holds the parts' sums: count x batch x m x n
+// accumulators. kCompiled: whether the kernel's configuration compiles parts.
+template <class Acc, int kSlab, bool kCompiled, class Out, class Launch>
+cudaError_t LaunchInKParts(const LaunchPlan& plan, const MatmulDims& dims, Out* out,
                            const LaunchContext& context, Launch&& launch) {
+  // Parts the configuration does not compile: a planner bug, an invalid launch.
+  if (plan.split_groups > 1 && !kCompiled) return cudaErrorInvalidValue;
+  KParts parts = KPartsOf(dims.k, plan.split_groups, kSlab);
   if (parts.count == 1) return launch(dims, out, parts);
   MatmulDims slots = dims;
   slots.ldc = dims.n;

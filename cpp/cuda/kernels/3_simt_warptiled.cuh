@@ -289,13 +289,10 @@ cudaError_t LaunchWarpTiledWith(const LaunchPlan& plan, const MatmulDims& dims, 
                                 const In* b, Out* out, const LaunchContext& context) {
   // K's parts keep the quads' alignment: a part starts at a multiple of the slab (of 4).
   static_assert(Cfg::kSlab % 4 == 0, "a part of K starts on a quad");
-  // Parts the configuration does not compile: a planner bug, an invalid launch.
-  if (plan.split_groups > 1 && !Cfg::template kPartsOfK<Acc>) return cudaErrorInvalidValue;
   const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
   const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
-  return LaunchInKParts<Acc>(
-      dims, KPartsOf(dims.k, plan.split_groups, Cfg::kSlab), out, context,
-      [&](const MatmulDims& to, auto* sums, const KParts& parts) {
+  return LaunchInKParts<Acc, Cfg::kSlab, Cfg::template kPartsOfK<Acc>>(
+      plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
         dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);
         grid.z = static_cast<unsigned>(std::min<int64_t>(to.batch * parts.count, 65535));
         WarpTiledMatmul<Cfg, In, std::remove_pointer_t<decltype(sums)>, Acc>

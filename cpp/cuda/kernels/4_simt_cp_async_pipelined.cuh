@@ -181,13 +181,10 @@ using PipelinedSmall = PipelineConfig<2, 1, 8, 4, 4, true>;
 template <class Cfg, class Out>
 cudaError_t LaunchPipelinedWith(const LaunchPlan& plan, const MatmulDims& dims, const float* a,
                                 const float* b, Out* out, const LaunchContext& context) {
-  // Parts the configuration does not compile: a planner bug, an invalid launch.
-  if (plan.split_groups > 1 && !Cfg::template kPartsOfK<float>) return cudaErrorInvalidValue;
   const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
   const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
-  return LaunchInKParts<float>(
-      dims, KPartsOf(dims.k, plan.split_groups, Cfg::kSlab), out, context,
-      [&](const MatmulDims& to, auto* sums, const KParts& parts) {
+  return LaunchInKParts<float, Cfg::kSlab, Cfg::template kPartsOfK<float>>(
+      plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
         const int64_t units = TileOrder<Cfg::kBlockM, Cfg::kBlockN>(to).count * parts.count;
         const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, 0x7fffffff)));
         PipelinedMatmul<Cfg, std::remove_pointer_t<decltype(sums)>>
