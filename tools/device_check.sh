@@ -34,12 +34,26 @@ note() { summary+=("$1"); echo "== $1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 
+# What was built, named by its sources: the copy on the machine may carry a
+# HEAD other than the working tree's, so the commit alone does not say.
+# Compare with the same line run here.
+sources=$(git ls-files -z cpp jax_tiled CMakeLists.txt pyproject.toml | xargs -0 cat | sha1sum | cut -c1-12)
+built_stamp=/tmp/jax_tiled_built_sources
 if [[ -n "${SKIP_BUILD:-}" ]]; then
-  note "build: skipped, the installed one reused"
+  if [[ ! -f $built_stamp ]] || ! python3 -c "import jax_tiled" 2>/dev/null; then
+    echo "SKIP_BUILD: nothing built on this machine (a fresh one: the last was given back after 30 s idle); run without SKIP_BUILD"
+    exit 1
+  fi
+  if [[ $(cat "$built_stamp") != "$sources" ]]; then
+    echo "SKIP_BUILD: the installed build is of sources $(cat "$built_stamp"), the tree's are $sources; run without SKIP_BUILD"
+    exit 1
+  fi
+  note "build: skipped, the installed one (sources $sources) reused"
 elif ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
 else
-  note "build: ok ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  echo "$sources" >"$built_stamp"
+  note "build: ok (sources $sources, HEAD $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
 fi
 
 repo=$PWD
