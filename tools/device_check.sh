@@ -35,9 +35,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 
 # What was built, named by its sources: the copy on the machine may carry a
-# HEAD other than the working tree's, so the commit alone does not say.
-# Compare with the same line run here.
-sources=$(git ls-files -z cpp jax_tiled CMakeLists.txt pyproject.toml | xargs -0 cat | sha1sum | cut -c1-12)
+# HEAD (and an index) other than the working tree's, so neither the commit nor
+# `git ls-files` says; the files as they are do. Compare with the same line
+# run here on a clean tree.
+sources=$(find cpp jax_tiled CMakeLists.txt pyproject.toml -type f ! -name '*.pyc' -print0 \
+  | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12)
 built_stamp=/tmp/jax_tiled_built_sources
 if [[ -n "${SKIP_BUILD:-}" ]]; then
   if [[ ! -f $built_stamp ]] || ! python3 -c "import jax_tiled" 2>/dev/null; then
