@@ -126,10 +126,13 @@ class Schedule:
     # K split into this many equal parts, each summed on its own and the
     # parts' sums added in order (split-K: LaunchPlan::split_k).
     k_parts: int = 1
+    # b's parts (made from b.T), where they are not made as a's.
+    parts_b: Callable[[np.ndarray], list[np.ndarray]] | None = None
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        a_parts, b_parts = self.parts(a), [p.T for p in self.parts(b.T)]
-        k = a.shape[1]
+        a_parts = self.parts(a)
+        b_parts = [p.T for p in (self.parts_b or self.parts)(b.T)]
+        k = a_parts[0].shape[1]  # the K the kernel sums: longer for parts laid along it
         if k % self.k_parts:
             raise ValueError(f"K = {k} does not split into {self.k_parts} equal parts")
         part = k // self.k_parts
@@ -168,6 +171,24 @@ def one_part(rounding: Callable) -> Callable:
     return lambda x: [rounding(x)]
 
 
+def laid_along_k(parts: Callable, terms: tuple, side: int) -> Callable:
+    """One operand (rows, K) as the parts its `terms` take (side 0: a's part
+    i of each (i, j); 1: b's part j) side by side along K, (rows, K x terms):
+    the layout of `jax_tiled._presets.split_operand`, read by one product on
+    the DEFAULT kernels."""
+
+    def laid(x: np.ndarray) -> list[np.ndarray]:
+        split_x = parts(x)
+        stacked = np.stack([split_x[term[side]] for term in terms], axis=-1)
+        return [stacked.reshape(x.shape[0], -1)]
+
+    return laid
+
+
+def bf16_truncate(x: np.ndarray) -> np.ndarray:
+    return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(F32)
+
+
 def operands(inputs: str, rows: int, k: int, cols: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     if inputs == "positive":
@@ -190,6 +211,11 @@ def predict(schedule: Schedule, k: int, inputs: str, samples: int, seed: int = 0
 TF32_SPLIT_TRUNCATED = lambda x: split(x, 2, tf32_truncate, tf32_round)  # noqa: E731  (ours)
 TF32_SPLIT_ROUNDED = lambda x: split(x, 2, tf32_round, tf32_round)  # noqa: E731
 BF16_SPLIT = lambda x: split(x, 3, bf16_round, bf16_round)  # noqa: E731  (Triton's)
+# jax_tiled._presets' splits (parts laid along K): hi to nearest, the rest
+# truncated toward zero.
+TF32_SPLIT_NEAREST_THEN_TRUNCATED = lambda x: split(x, 2, tf32_round, tf32_truncate)  # noqa: E731
+BF16_SPLIT_NEAREST_THEN_TRUNCATED = lambda x: split(x, 2, bf16_round, bf16_truncate)  # noqa: E731
+TERMS_X3 = ((0, 0), (0, 1), (1, 0))
 HI, MID, LO = 0, 1, 2
 TF32_LO = 1  # a TF32 split has two parts
 # Small products first, hi x hi last (tf32.cuh; Triton's BF16DotTC).
@@ -229,6 +255,24 @@ def schedules(tf32: TensorCore, bf16: TensorCore) -> dict[str, Schedule]:
         Schedule("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", TF32_SPLIT_TRUNCATED,
                  ((HI, HI),), 16, tf32, step_major=((TF32_LO, TF32_LO), *PAIRS_3XTF32)),
     ]  # fmt: skip
+    # The parts laid along K (branch emulation-parts): hi to nearest, the
+    # rest truncated, one product over K x terms on the DEFAULT kernel, whose
+    # tiles keep one running sum at the squares.
+    for name, parts, core, terms in (
+        ("TF32 x3", TF32_SPLIT_NEAREST_THEN_TRUNCATED, tf32, TERMS_X3),
+        ("TF32 x4", TF32_SPLIT_NEAREST_THEN_TRUNCATED, tf32, (*TERMS_X3, (1, 1))),
+        ("bf16 x3", BF16_SPLIT_NEAREST_THEN_TRUNCATED, bf16, TERMS_X3),
+    ):
+        designs.append(
+            Schedule(
+                f"{name} laid along K, one running sum",
+                laid_along_k(parts, terms, 0),
+                ((0, 0),),
+                0,
+                core,
+                parts_b=laid_along_k(parts, terms, 1),
+            )
+        )
     for passes, pairs in PAIRS_BF16.items():
         designs.append(
             Schedule(
@@ -259,14 +303,21 @@ CALIBRATION = {
     ("3xTF32, 32-k slabs (as built)", 8192, "normal"): (3.61e-7, -9.1e-10),
     ("SIMT fp32, 128-k partials (as built)", 8192, "positive"): (1.09e-7, 9.6e-11),
 }  # fmt: skip
-# Designs built and measured, not (yet) what main runs: the branch
-# high-four-products (commit c1cb3f0), on an H100, jax 0.11.2, 2026-11-25,
-# 512 x 8192 x 512, `--accuracy` (auto: wgmma, K split in 8; and mma).
+# Designs built and measured, not (yet) what main runs, on an H100, jax
+# 0.11.2, 2026-11-25: the branch high-four-products (commit c1cb3f0), 512 x
+# 8192 x 512, `--accuracy` (auto: wgmma, K split in 8; and mma); the branch
+# emulation-parts below.
 MEASURED_DESIGNS = {
     ("3xTF32 + lo x lo (4 passes), K split in 8", 8192, "positive"): (5.38e-8, -2.0e-8),
     ("3xTF32 + lo x lo (4 passes), K split in 8", 8192, "normal"): (1.70e-7, -1.2e-10),
     ("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", 8192, "positive"): (2.97e-7, 1.8e-8),
     ("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", 8192, "normal"): (4.21e-7, -9.8e-10),
+    # The branch emulation-parts (commit 0a94e6e), 2026-11-25, 4096^3 and
+    # 8192^3 (tools/split_high.py, docs/perf/h100-2026-11-25-emulation-parts-split-high.json).
+    ("TF32 x3 laid along K, one running sum", 4096, "positive"): (4.24e-5, -4.24e-5),
+    ("TF32 x3 laid along K, one running sum", 8192, "positive"): (8.56e-5, -8.55e-5),
+    ("TF32 x4 laid along K, one running sum", 4096, "positive"): (5.01e-5, -5.01e-5),
+    ("TF32 x4 laid along K, one running sum", 8192, "positive"): (1.01e-4, -1.01e-4),
 }  # fmt: skip
 # jnp.matmul's rows at the presets, 512 x 8192 x 512, same run (the targets).
 JNP_8192 = {
