@@ -312,7 +312,8 @@ MEASURED_DESIGNS = {
     ("3xTF32 + lo x lo (4 passes), K split in 8", 8192, "normal"): (1.70e-7, -1.2e-10),
     ("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", 8192, "positive"): (2.97e-7, 1.8e-8),
     ("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", 8192, "normal"): (4.21e-7, -9.8e-10),
-    # The branch emulation-parts (commit 0a94e6e), 2026-11-25, 4096^3 and
+    # The branch emulation-parts (ca438b8, measured as 0a94e6e before a
+    # rebase that changed no library code), 2026-11-25, 4096^3 and
     # 8192^3 (tools/split_high.py, docs/perf/h100-2026-11-25-emulation-parts-split-high.json).
     ("TF32 x3 laid along K, one running sum", 4096, "positive"): (4.24e-5, -4.24e-5),
     ("TF32 x3 laid along K, one running sum", 8192, "positive"): (8.56e-5, -8.55e-5),
