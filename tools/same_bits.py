@@ -35,6 +35,9 @@ import jax_tiled
 # it across clusters of blocks (a second kernel adds their parts).
 SHAPES = [(1, 1, 1, 1), (1, 33, 17, 65), (1, 64, 64, 64), (1, 130, 300, 96), (1, 256, 600, 136)]
 SHAPES += [(3, 40, 24, 56), (1, 8, 32768, 8)]
+# Few rows and whole micro-panels of columns: the CPU kernel reads B in place
+# (kBInPlacePanels); narrow outputs above read A in place.
+SHAPES += [(1, 40, 300, 96)]
 DTYPES = ("float32", "bfloat16", "float16")
 PRECISIONS = (lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST)
 INPUTS = ("normal", "positive", "special")

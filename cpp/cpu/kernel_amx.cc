@@ -50,6 +50,7 @@ struct AmxPath {
   // kKs-deep slabs and a remainder, as measured bitwise equal to XLA:CPU's own
   // AMX products (NOTES.md, "Accuracy, subnormals, determinism").
   static constexpr bool kEqualSlabs = false;
+  static constexpr bool kReadsInPlace = false;
   static_assert(KC % kDepthUnit == 0 && NC % kNr == 0 && MC % kMr == 0, "whole blocks");
 
   // The tile configuration is per thread: set for a tile's work and released

@@ -33,6 +33,7 @@ struct DotBf16Path {
   static constexpr int64_t kKs = KC, kKc = KC, kMc = int64_t{1} << 40;
   static constexpr int64_t kNc = L2BlockBytes / (KC * 2) / kNr * kNr;
   static constexpr bool kEqualSlabs = true;  // as the float32 kernel (SlabDepth)
+  static constexpr bool kReadsInPlace = false;
   static_assert(kNc >= kNr, "the B block must hold at least one micro-panel");
   struct Scope {};
 

@@ -106,6 +106,13 @@ inline size_t Align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
 // ---- Micro-kernel -----------------------------------------------------------------
 
+// Where the micro-kernel reads its operands: both packed, or one of them
+// where it is stored: A's rows contiguous in K (kAInPlace: element (i, p) at
+// a[i * ld + p]) or B's rows contiguous in its columns (kBInPlace: element
+// (p, j) at b[p * ld + j]). RunTile chooses, for tiles that would not pay
+// for the pack.
+enum class Reads { kPacked, kAInPlace, kBInPlace };
+
 // The register block of one accumulator type on this instruction set: MR rows
 // by NR columns of Acc, NR a whole number of VectorBytes-wide vectors.
 // Row edges run on multiples of RowStep rows (see EdgeMicroKernel).
@@ -141,13 +148,16 @@ struct Config {
 // deeper than that adds its chains' sums in `slab`, a buffer in L1 (there is
 // no room for a second set of registers), and c is touched once at the end.
 // Each element is the same arithmetic whatever Rows is, so a short row edge
-// can run fewer rows without changing a bit of the result.
-template <class C, int Rows = C::kMr>
+// can run fewer rows without changing a bit of the result; and whatever
+// kReads is: A or B may be read where it is stored instead of packed (Reads),
+// `ld` elements between its rows, with `live` rows of A real.
+template <class C, int Rows = C::kMr, Reads kReads = Reads::kPacked>
 __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
                                                        const typename C::acc_type* __restrict a,
                                                        const typename C::acc_type* __restrict b,
                                                        typename C::acc_type* __restrict c,
-                                                       int64_t ldc, bool accumulate) {
+                                                       int64_t ldc, bool accumulate, int64_t ld = 0,
+                                                       int64_t live = Rows) {
   using Acc = typename C::acc_type;
   using Vec = typename C::Vec;
   using UVec = typename C::UnalignedVec;
@@ -160,6 +170,14 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
     __builtin_prefetch(c + i * ldc, 1);
     __builtin_prefetch(c + i * ldc + NR - 1, 1);
   }
+
+  // A in place: row i at a + i * ld; rows past `live` (an edge's padding)
+  // read the last live row again, and their sums are dropped.
+  constexpr bool kAInPlace = kReads == Reads::kAInPlace, kBInPlace = kReads == Reads::kBInPlace;
+  [[maybe_unused]] const Acc* a_rows[Rows];
+  if constexpr (kAInPlace)
+#pragma GCC unroll 32
+    for (int i = 0; i < Rows; ++i) a_rows[i] = a + Min<int64_t>(i, live - 1) * ld;
 
   alignas(64) Vec slab[Rows][NV];  // the partials' sum so far (the first one: as it is)
   for (int64_t p0 = 0; p0 < kc; p0 += C::kChainDepth) {
@@ -174,10 +192,12 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
     for (int64_t p = p0; p < p1; ++p) {
       Vec bv[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const Vec*>(b + p * NR + v * L);
+      for (int v = 0; v < NV; ++v)
+        bv[v] = kBInPlace ? Vec(*reinterpret_cast<const UVec*>(b + p * ld + v * L))
+                          : *reinterpret_cast<const Vec*>(b + p * NR + v * L);
 #pragma GCC unroll 32
       for (int i = 0; i < Rows; ++i) {
-        const Acc ai = a[p * MR + i];
+        const Acc ai = kAInPlace ? a_rows[i][p] : a[p * MR + i];
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];
       }
@@ -202,17 +222,17 @@ __attribute__((always_inline)) inline void MicroKernel(int64_t kc,
 // Runs the micro-kernel for a row edge of `rows` < MR live rows on the
 // fewest rows that cover them, in steps of C::kRowStep: a 16-row problem on
 // 12-row blocks would otherwise spend a third of its time on padding.
-template <class C, int Rows = C::kRowStep>
+template <class C, int Rows = C::kRowStep, Reads kReads = Reads::kPacked>
 __attribute__((always_inline)) inline void EdgeMicroKernel(int64_t rows, int64_t kc,
                                                            const typename C::acc_type* a,
                                                            const typename C::acc_type* b,
                                                            typename C::acc_type* c, int64_t ldc,
-                                                           bool accumulate) {
+                                                           bool accumulate, int64_t ld = 0) {
   if constexpr (Rows >= C::kMr) {
-    MicroKernel<C>(kc, a, b, c, ldc, accumulate);
+    MicroKernel<C, C::kMr, kReads>(kc, a, b, c, ldc, accumulate, ld, rows);
   } else {
-    if (rows <= Rows) return MicroKernel<C, Rows>(kc, a, b, c, ldc, accumulate);
-    EdgeMicroKernel<C, Rows + C::kRowStep>(rows, kc, a, b, c, ldc, accumulate);
+    if (rows <= Rows) return MicroKernel<C, Rows, kReads>(kc, a, b, c, ldc, accumulate, ld, rows);
+    EdgeMicroKernel<C, Rows + C::kRowStep, kReads>(rows, kc, a, b, c, ldc, accumulate, ld);
   }
 }
 
@@ -358,6 +378,9 @@ JAX_TILED_NO_MEMCPY_CALLS void PackPanels(const In* x, int64_t row_stride, int64
 //                           `rows` rows of one (an edge, into a full-size buffer)
 //   Scope                   set up and torn down around a tile (AMX's tile
 //                           configuration; nothing here)
+//   kReadsInPlace           Full and Edge also take Reads (an operand read
+//                           where it is stored, `ld` apart, for operands of
+//                           the accumulator type): the FMA path's
 // This file's path converts every input to the accumulator type and runs the
 // FMA micro-kernel above, one micro-kernel call per packed slab and all of a
 // tile's rows per B block; kernel_avx512_bf16.cc and kernel_amx.cc add paths
@@ -381,14 +404,19 @@ struct FmaPath {
                     int64_t depth, acc_type* dst) {
     PackPanels<kNr, C::kVectorBytes>(x, col_stride, depth_stride, cols, depth, dst);
   }
+  // Full and Edge with A or B read where it is stored instead (Reads), `ld` apart.
+  static constexpr bool kReadsInPlace = true;
+  template <Reads kReads = Reads::kPacked>
   __attribute__((always_inline)) static void Full(int64_t kc, const acc_type* a, const acc_type* b,
-                                                  acc_type* c, int64_t ldc, bool accumulate) {
-    MicroKernel<C>(kc, a, b, c, ldc, accumulate);
+                                                  acc_type* c, int64_t ldc, bool accumulate,
+                                                  int64_t ld = 0) {
+    MicroKernel<C, C::kMr, kReads>(kc, a, b, c, ldc, accumulate, ld);
   }
+  template <Reads kReads = Reads::kPacked>
   __attribute__((always_inline)) static void Edge(int64_t rows, int64_t kc, const acc_type* a,
                                                   const acc_type* b, acc_type* c, int64_t ldc,
-                                                  bool accumulate) {
-    EdgeMicroKernel<C>(rows, kc, a, b, c, ldc, accumulate);
+                                                  bool accumulate, int64_t ld = 0) {
+    EdgeMicroKernel<C, C::kRowStep, kReads>(rows, kc, a, b, c, ldc, accumulate, ld);
   }
 };
 
@@ -438,6 +466,39 @@ int64_t SlabDepth(int64_t k) {
   return RoundUp((k + slabs - 1) / slabs, P::kDepthUnit);  // <= kKs: kKs is a multiple
 }
 
+// The most uses of a pack that do not pay for it: A is read in place where
+// its packed panel would serve at most this many micro-panels of B (a tile
+// that narrow), B where its packed block would serve at most this many
+// panels of A (a tile that short). Measured on a 2-core AMD EPYC: 16384 x
+// 4096 x 64 and 32 x 4096 x 4096 ~20% faster, 1024^3 (both packed) as
+// before (NOTES.md, "Operands read in place").
+inline constexpr int64_t kAInPlaceMicroPanels = 2, kBInPlacePanels = 4;
+
+// One micro-kernel call: on the packed panels (ai, bj), or with A or B read
+// where it is stored (a_stored, b_stored; Reads); an edge (not `full`) on
+// the fewest rows that cover its live_rows.
+template <class P, class In>
+__attribute__((always_inline)) inline void Multiply(
+    Reads reads, const Operands& op, bool full, int64_t live_rows, int64_t kc,
+    const typename P::packed_type* ai, const typename P::packed_type* bj, const In* a_stored,
+    const In* b_stored, typename P::acc_type* c, int64_t ldc, bool accumulate) {
+  if constexpr (P::kReadsInPlace && std::is_same_v<In, typename P::acc_type>) {
+    // Not inlined: the packed loop in RunTile stays the code it was (1024^3
+    // measured 2% slower with all three inlined there).
+    auto call = [&](auto in_place, const In* a, const In* b, int64_t ld) __attribute__((noinline)) {
+      constexpr Reads kReads = decltype(in_place)::value;
+      if (full) return P::template Full<kReads>(kc, a, b, c, ldc, accumulate, ld);
+      P::template Edge<kReads>(live_rows, kc, a, b, c, ldc, accumulate, ld);
+    };
+    if (reads == Reads::kAInPlace)
+      return call(std::integral_constant<Reads, Reads::kAInPlace>{}, a_stored, bj, op.a_row);
+    if (reads == Reads::kBInPlace)
+      return call(std::integral_constant<Reads, Reads::kBInPlace>{}, ai, b_stored, op.b_depth);
+  }
+  if (full) return P::Full(kc, ai, bj, c, ldc, accumulate);
+  P::Edge(live_rows, kc, ai, bj, c, ldc, accumulate);
+}
+
 template <class P, class In, class Out>
 void RunTile(const Operands& op, const Tile& t, void* scratch) {
   using Acc = typename P::acc_type;
@@ -469,15 +530,30 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
     c = reinterpret_cast<Acc*>(bytes), ldc = block_accumulators ? Min(NC, t.cols) : t.cols;
   }
 
+  // An operand read where it is stored, not packed (the FMA path, operands
+  // of the accumulator type; the rows it reads contiguous): A where a packed
+  // panel would serve at most kAInPlaceMicroPanels micro-panels of B, B where
+  // a packed block would serve at most kBInPlacePanels panels of A. Too few
+  // uses to pay for the pack, a pass over the operand of its own before any
+  // product (NOTES.md, "Operands read in place").
+  Reads reads = Reads::kPacked;
+  if constexpr (P::kReadsInPlace && std::is_same_v<In, Acc>) {
+    if (op.a_depth == 1 && t.cols <= kAInPlaceMicroPanels * NR) reads = Reads::kAInPlace;
+    else if (op.b_col == 1 && t.rows <= kBInPlacePanels * MR && t.cols % NR == 0)
+      reads = Reads::kBInPlace;
+  }
+
   [[maybe_unused]] const typename P::Scope scope;
   const int64_t slab = SlabDepth<P>(op.k);
   for (int64_t k0 = 0; k0 < op.k; k0 += slab) {
     const int64_t ks = Min(slab, op.k - k0);
     const int64_t ksp = RoundUp(ks, P::kDepthUnit);  // the packed depth of this slab
-    P::PackA(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, ks, apack);
+    if (reads != Reads::kAInPlace)
+      P::PackA(a + k0 * op.a_depth, op.a_row, op.a_depth, t.rows, ks, apack);
     for (int64_t j0 = 0; j0 < t.cols; j0 += NC) {
       const int64_t nc = Min(NC, t.cols - j0);
-      P::PackB(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, ks, bpack);
+      if (reads != Reads::kBInPlace)
+        P::PackB(b + k0 * op.b_depth + j0 * op.b_col, op.b_col, op.b_depth, nc, ks, bpack);
       for (int64_t i0 = 0; i0 < t.rows; i0 += MC) {
         const int64_t i_end = Min(i0 + MC, t.rows);
         Acc* const block = block_accumulators ? c : c + i0 * ldc + j0;
@@ -492,7 +568,8 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
               const Packed* bj = bpack + j * ksp + p * NR;
               Acc* cij = block + (i - i0) * ldc + j;
               if (live_rows == MR && live_cols == NR) {
-                P::Full(kc, ai, bj, cij, ldc, accumulate);
+                Multiply<P, In>(reads, op, true, live_rows, kc, ai, bj, a + i * op.a_row + k0 + p,
+                                b + (k0 + p) * op.b_depth + j0 + j, cij, ldc, accumulate);
                 continue;
               }
               // An edge: run the same micro-kernel on a full-size copy, so edge
@@ -501,7 +578,8 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
               for (int r = 0; r < live_rows; ++r)
                 for (int s = 0; s < live_cols; ++s)
                   edge[r * NR + s] = accumulate ? cij[r * ldc + s] : Acc{0};
-              P::Edge(live_rows, kc, ai, bj, edge, NR, accumulate);
+              Multiply<P, In>(reads, op, false, live_rows, kc, ai, bj, a + i * op.a_row + k0 + p,
+                              b + (k0 + p) * op.b_depth + j0 + j, edge, NR, accumulate);
               for (int r = 0; r < live_rows; ++r)
                 for (int s = 0; s < live_cols; ++s) cij[r * ldc + s] = edge[r * NR + s];
             }
