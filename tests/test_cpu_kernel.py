@@ -3,7 +3,8 @@ register blocks (12 rows x 32 float32 / 16 float64 columns with AVX-512, 6 x
 16 / 6 x 8 with AVX2), the slabs (at most 256 deep, 128 for float64 with
 AVX-512, and of equal depth), the L2 column block and the 1024-row and -column tiles; and its
 determinism (the result of an element does not depend on how the output was
-cut into tiles)."""
+cut into tiles, nor on whether an operand was packed or read where it is
+stored)."""
 
 from __future__ import annotations
 
