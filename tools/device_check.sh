@@ -40,7 +40,7 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "
 # run here on a clean tree.
 sources=$(find cpp jax_tiled CMakeLists.txt pyproject.toml -type f ! -name '*.pyc' -print0 \
   | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12)
-built_stamp=/tmp/jax_tiled_built_sources
+built_stamp=${TMPDIR:-/tmp}/jax_tiled_built_sources  # outlives the call, as the build does
 if [[ -n "${SKIP_BUILD:-}" ]]; then
   if [[ ! -f $built_stamp ]] || ! python3 -c "import jax_tiled" 2>/dev/null; then
     echo "SKIP_BUILD: nothing built on this machine (a fresh one: the last was given back after 30 s idle); run without SKIP_BUILD"
