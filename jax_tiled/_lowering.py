@@ -54,6 +54,9 @@ class Product:
     # (`_stacked_source`), a's first.
     a_stacked: bool = False
     b_stacked: bool = False
+    # SMs the CUDA kernel leaves free for a transfer running beside it (a ring's
+    # products, `overlap.Settings.spare_sms`).
+    spare_sms: int = 0
 
 
 def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
@@ -75,6 +78,11 @@ def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
     if product.target == _ffi.TARGETS["cuda"]:
         a, b = lax.optimization_barrier((a, b))
     call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
+    cuda_only = (
+        dict(spare_sms=np.int32(product.spare_sms))
+        if product.target == _ffi.TARGETS["cuda"]
+        else {}
+    )
     return call(
         a,
         b,
@@ -83,6 +91,7 @@ def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
         transpose_b=np.bool_(product.transpose_b),
         precision=np.int32(product.precision),
         kernel=product.kernel,
+        **cuda_only,
     )
 
 

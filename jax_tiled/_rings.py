@@ -43,7 +43,9 @@ def _slicer(x, dim, batch):
     return lambda start, size: lax.dynamic_slice_in_dim(x, start, size, axis=dim)
 
 
-def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, gather, acc_dtype):
+def reduce_scatter_ring(
+    call, product, a, b, *, axes, n, factor, dims, pieces, gather, acc_dtype, beside_transfer
+):
     """sum over the devices of `axes` of `call(a, b)`, chunked along the result's
     `factor` dimension: device i ends with block i of that sum (a reduce-scatter),
     or with every block when `gather` (an all-reduce, as reduce-scatter then
@@ -59,7 +61,9 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
     Ring step s on device i computes its partial product for block (i - 1 - s) mod
     n and adds it to the running sum received from device i - 1, so the sum for
     block i completes on device i after n - 1 transfers, each of which can hide
-    behind the next step's product.
+    behind the next step's product. Every product but the first runs beside a
+    transfer (the previous step's, or the previous piece's gather) and is
+    described by `beside_transfer` (`product` with SMs left to the transfer).
     """
     (_, am, _), (_, _, bn) = dims
     batch = _canonical.batch(a.shape[0], b.shape[0])
@@ -83,7 +87,10 @@ def reduce_scatter_ring(call, product, a, b, *, axes, n, factor, dims, pieces, g
         total = None
         for s in range(n):
             start = ((index - 1 - s) % n) * block + p * q
-            partial = call(take_a(start, q), take_b(start, q), product, acc_dtype)
+            first = p == 0 and s == 0
+            partial = call(
+                take_a(start, q), take_b(start, q), product if first else beside_transfer, acc_dtype
+            )
             total = partial if total is None else lax.ppermute(total, axes, forward) + partial
         piece = total.astype(product.out_dtype)
         if gather:
@@ -112,13 +119,14 @@ def _gather_blocks(x, axes, n, index, forward):
     return out
 
 
-def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
+def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size, beside_transfer):
     """`call` on the full `gathered` operand ("a": along M, "b": along N), of
     which each device of `axes` holds one block, against the other operand's
     local block: the ring passes the blocks to device i - 1 and each step's
     product writes the result rows (or columns) of the block it holds, while the
     next block is in transit. `size` is the gathered dimension's full length
-    (the blocks may be padded past it).
+    (the blocks may be padded past it). The products with a block in transit
+    beside them are described by `beside_transfer`.
     """
     (_, am, _), (_, _, bn) = dims
     moving = a if gathered == "a" else b
@@ -131,10 +139,11 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
         # The transfer of the next block depends only on this one: issued first,
         # it runs while this step's product does.
         following = lax.ppermute(moving, axes, backward) if s < n - 1 else None
+        this = beside_transfer if following is not None else product
         result = (
-            call(moving, b, product, product.out_dtype)
+            call(moving, b, this, product.out_dtype)
             if gathered == "a"
-            else call(a, moving, product, product.out_dtype)
+            else call(a, moving, this, product.out_dtype)
         )
         if out is None:
             shape = list(result.shape)

@@ -39,6 +39,7 @@ transpose of a product with a replicated weight sums its cotangent, as
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -286,6 +287,9 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         )
         pieces = settings.pieces(replicated=scatter is None)
 
+    # A ring's products that run beside a transfer leave SMs to it.
+    beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
+
     def lower_fn(a, b):
         # Per-device code has no mesh: under the caller's explicit one, jax 0.8
         # gives the all-reduce a sharded reduction body that XLA rejects.
@@ -305,6 +309,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 gathered=gathered,
                 dims=dims,
                 size=sizes["m" if gathered == "a" else "n"],
+                beside_transfer=beside_transfer,
             )
         if not k_axes:
             return call(a, b, product, product.out_dtype)
@@ -328,6 +333,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 pieces=pieces,
                 gather=scatter is None,
                 acc_dtype=acc,
+                beside_transfer=beside_transfer,
             )
         partial = call(a, b, product, acc)
         if scatter is None:

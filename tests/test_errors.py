@@ -198,6 +198,26 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
                     transpose_b=False,
                     precision=np.int32(2),
                     kernel="pipelined",
+                    spare_sms=np.int32(0),
+                )
+            )
+
+
+@pytest.mark.gpu
+def test_cuda_handler_refuses_negative_spare_sms():
+    a = jnp.ones((1, 8, 8), jnp.float32)
+    with jax.default_device(jax.devices("cuda")[0]):
+        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.float32))
+        with pytest.raises(Exception, match="spare_sms must be at least 0, got -1"):
+            jax.block_until_ready(
+                call(
+                    a,
+                    a,
+                    transpose_a=False,
+                    transpose_b=False,
+                    precision=np.int32(0),
+                    kernel="auto",
+                    spare_sms=np.int32(-1),
                 )
             )
 

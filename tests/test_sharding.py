@@ -11,6 +11,7 @@ all-gather of an operand, and with the overlap turned off, one collective.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -33,6 +34,7 @@ from helpers import (
     reference,
     tiled,
 )
+from jax_tiled import _canonical, _lowering, _rings
 
 TARGETS = {"cpu": "tiled_matmul_cpu", "cuda": "tiled_matmul_cuda"}
 
@@ -335,6 +337,69 @@ def test_k_ring_pieces(rng, chunks, out_spec):
         assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
 
 
+@pytest.mark.parametrize("ring", ["reduce-scatter", "all-reduce", "all-gather"])
+def test_ring_products_beside_a_transfer_leave_sms_to_it(rng, ring):
+    """Every product of a ring that runs while a transfer is in flight carries
+    `beside_transfer` (on CUDA: SMs left free for NCCL's kernel); the first
+    product of a K ring, and the last of an all-gather ring, overlap none."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
+    dims = _canonical.positions(False, False)
+    seen = []
+
+    def call(a, b, p, out_dtype):
+        seen.append(p.spare_sms)
+        return jnp.matmul(a, b).astype(out_dtype)
+
+    def k_ring(a, b):
+        return _rings.reduce_scatter_ring(
+            call, product, a, b, axes=("x",), n=4, factor="m", dims=dims, pieces=2,
+            gather=ring == "all-reduce", acc_dtype=np.float32, beside_transfer=beside,
+        )  # fmt: skip
+
+    def gather_ring(a, b):
+        return _rings.all_gather_ring(
+            call, product, a, b, axes=("x",), n=4, gathered="a", dims=dims, size=16,
+            beside_transfer=beside,
+        )  # fmt: skip
+
+    if ring == "all-gather":  # a split along M, b along N: the result along N
+        local, specs, out_spec = gather_ring, (P(None, "x"), P(None, None, "x")), P(None, None, "x")
+        expected = [32, 32, 32, 0]
+    else:  # K split, 4 devices, 2 pieces a block: 8 products
+        local, specs = k_ring, (P(None, None, "x"), P(None, "x"))
+        out_spec = P() if ring == "all-reduce" else P(None, "x")
+        expected = [0] + [32] * 7
+    a_np = random_array(rng, (1, 16, 32), np.float32)
+    b_np = random_array(rng, (1, 32, 24), np.float32)
+    f = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
+    out = jax.jit(f)(a_np, b_np)
+    assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
+    assert seen == expected
+
+
+def _rings_product(spare_sms):
+    return dataclasses.replace(
+        _lowering.Product("tiled_matmul_cpu", False, False, np.dtype(np.float32), 0, "auto"),
+        spare_sms=spare_sms,
+    )
+
+
+@pytest.mark.gpu
+def test_cuda_ring_products_carry_the_spared_sms(rng):
+    """On GPUs, the K ring's second product asks the handler for
+    `overlap.Settings.spare_sms` fewer SMs; the first asks for none."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (64, 256), P(None, "x"))
+    b_np, b = put(rng, mesh, (256, 48), P("x"))
+    for spare in (jax_tiled.overlap.SPARE_SMS, 7):
+        with jax_tiled.overlap.settings(chunks=1, spare_sms=spare):
+            f = jax.jit(tiled, out_shardings=NamedSharding(mesh, P("x")))
+            assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
+            text = f.lower(a, b).compile().as_text()
+        assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0, spare], text
+
+
 def test_k_ring_rounds_a_16_bit_result_once(rng):
     """The partial sums travel in float32: bfloat16 rounding once is within one
     bfloat16 rounding of the float64 product (rounding each partial sum is not)."""
@@ -373,6 +438,8 @@ def test_rings_are_deterministic(rng):
         (dict(chunks=0), ValueError, r"chunks must be at least 1, got 0"),
         (dict(chunks=2.0), TypeError, r"chunks must be an int or None, got 2.0"),
         (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
+        (dict(spare_sms=-1), ValueError, r"spare_sms must be at least 0, got -1"),
+        (dict(spare_sms=None), TypeError, r"spare_sms must be an int, got None"),
     ],
 )
 def test_overlap_settings_are_checked(kwargs, error, message):

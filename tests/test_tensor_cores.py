@@ -159,6 +159,7 @@ def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):
                     transpose_b=False,
                     precision=np.int32(0),
                     kernel="wgmma",
+                    spare_sms=np.int32(0),
                 )
             )
 

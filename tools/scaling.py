@@ -1,7 +1,7 @@
 """Multi-GPU scaling of jax_tiled.matmul under jit with sharded operands.
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
-        [--precision highest] [--chunks 1 2 4] [--no-overlap] [--devices 2]
+        [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--no-overlap] [--devices 2]
         [--json scaling.json]
 
 Times each layout below on 1 device and on `--devices` (default: every device
@@ -14,9 +14,10 @@ the same unsharded product for every layout of a problem, timed once per
 implementation: the size^3 product, or for the batch-sharded layout a batch
 of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
 per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
-pieces; the others ignore it); `--no-overlap` adds a row with the overlap
-turned off. Every product is checked against jnp.matmul's on the same
-sharding and against ours on one device before it is timed. `--json`
+pieces; the others ignore it), each once per value of `--spare-sms` (the
+SMs a ring's products leave to its transfers); `--no-overlap` adds a row with
+the overlap turned off. Every product is checked against jnp.matmul's on the
+same sharding and against ours on one device before it is timed. `--json`
 writes the rows, the device and the arguments.
 """
 
@@ -94,6 +95,14 @@ def main(argv=None) -> int:
         help="jax_tiled.overlap chunks to time (default: its automatic choice)",
     )
     parser.add_argument(
+        "--spare-sms",
+        type=int,
+        nargs="+",
+        default=[jax_tiled.overlap.SPARE_SMS],
+        help="jax_tiled.overlap spare_sms to time, each with each --chunks "
+        f"(default: {jax_tiled.overlap.SPARE_SMS})",
+    )
+    parser.add_argument(
         "--no-overlap", action="store_true", help="also time jax_tiled with the overlap turned off"
     )
     parser.add_argument(
@@ -125,7 +134,12 @@ def main(argv=None) -> int:
         f"batch-sharded: {BATCH} x {n // 2}^3"
     )
 
-    variants = [(f"chunks={c if c is not None else 'auto'}", dict(chunks=c)) for c in args.chunks]
+    variants = [
+        (f"chunks={c if c is not None else 'auto'}" + f" spare={spare}",
+         dict(chunks=c, spare_sms=spare))
+        for c in args.chunks
+        for spare in args.spare_sms
+    ]  # fmt: skip
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
 
@@ -163,7 +177,7 @@ def main(argv=None) -> int:
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
     header = (
-        f"{'layout':28} {'jax_tiled':12} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
+        f"{'layout':28} {'jax_tiled':18} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
         f"{'jnp eff':>8} {'jnp/ours':>8} {'gathers':>8}"
     )
     print(header)
@@ -179,7 +193,7 @@ def main(argv=None) -> int:
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
             print(
-                f"{layout:28} {label:12} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
+                f"{layout:28} {label:18} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
                 + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -148,7 +149,7 @@ cudaError_t GatherStackSlice(const void*& operand, StackSlice& stack, ffi::DataT
 ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                       ffi::AnyBuffer b, ffi::RemainingArgs stack_indices,
                       ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                      Precision precision, std::string_view kernel) {
+                      Precision precision, std::string_view kernel, int32_t spare_sms) {
   auto problem =
       MakeMatmulProblem(a, b, *out, stack_indices, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
@@ -161,7 +162,14 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   product.b = b.untyped_data();
   product.a_stack = p.a_stack;
   product.b_stack = p.b_stack;
-  const DeviceFacts device = CurrentDevice();
+  if (spare_sms < 0)
+    return ffi::Error::InvalidArgument("tiled_matmul: spare_sms must be at least 0, got " +
+                                       std::to_string(spare_sms));
+  // A product that overlaps a transfer (the sharded rings) plans for fewer SMs
+  // than the GPU has, so that the communication kernel finds SMs free instead
+  // of waiting for a persistent grid to end.
+  DeviceFacts device = CurrentDevice();
+  device.multiprocessors = std::max(1, device.multiprocessors - spare_sms);
   if (forced)
     if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))
       return ffi::Error::InvalidArgument("tiled_matmul: " + *why);
@@ -250,5 +258,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("transpose_a")   // a is stored (batch_a, k, m)
         .Attr<bool>("transpose_b")   // b is stored (batch_b, n, k)
         .Attr<jax_tiled::Precision>("precision")  // DEFAULT: TF32, HIGH: 3xTF32, HIGHEST: fp32
-        .Attr<std::string_view>("kernel"),        // "auto" or a name from KernelNames()
+        .Attr<std::string_view>("kernel")         // "auto" or a name from KernelNames()
+        .Attr<int32_t>("spare_sms"),  // SMs left free for communication running beside it
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -115,6 +115,7 @@ def run_racy() -> None:
         transpose_b=np.bool_(False),
         precision=np.int32(2),
         kernel="smem_racy_for_testing",
+        spare_sms=np.int32(0),
     )
     jax.block_until_ready(out)
     print("racy kernel ran (racecheck should have reported hazards above)")
