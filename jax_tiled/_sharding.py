@@ -285,9 +285,9 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             if local("m") >= local("n")
             else "n"
         )
-        pieces = settings.pieces(replicated=scatter is None)
+        pieces = settings.pieces()
 
-    # A ring's products that run beside a transfer leave SMs to it.
+    # A K ring's products that run beside a transfer leave SMs to it.
     beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
 
     def lower_fn(a, b):
@@ -309,7 +309,6 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 gathered=gathered,
                 dims=dims,
                 size=sizes["m" if gathered == "a" else "n"],
-                beside_transfer=beside_transfer,
             )
         if not k_axes:
             return call(a, b, product, product.out_dtype)

@@ -24,9 +24,9 @@ import jax
 
 __all__ = ["SPARE_SMS", "Settings", "current", "set_default", "settings"]
 
-# On two H100s (docs/sharding.md), NCCL's send/receive kernel started only as a
-# full-grid product ended; with 32 SMs left to it, the K-sharded rings ran
-# 10-20% faster, with 16 no faster.
+# On two H100s (docs/sharding.md), a K ring's product and NCCL's send/receive
+# kernel beside it competed for SMs; with 32 left to NCCL, bfloat16 8192^3 K
+# rings ran 18-22% faster, with 16 no faster, with 48 the same, with 64 slower.
 SPARE_SMS = 32
 
 
@@ -34,14 +34,15 @@ SPARE_SMS = 32
 class Settings:
     """enabled: run the rings of `ppermute`s (True) or one collective (False).
     chunks: how many pieces each device's block of the result is cut into in the
-    K-sharded rings; None picks 2 where the result is replicated (so that all
-    but the last piece's all-gather hides behind later products) and 1 where it
-    stays sharded (nothing follows the ring, and smaller products run slower).
-    spare_sms: how many of the GPU's SMs a ring's products leave free while a
+    K-sharded rings (more pieces let a replicated result's all-gather run
+    behind later products, but each product is smaller); None picks the
+    measured best, 1 (docs/sharding.md).
+    spare_sms: how many of the GPU's SMs a K ring's products leave free while a
     transfer runs beside them, so that the communication kernel (NCCL's, which
-    runs on SMs) starts at once rather than when the product's persistent grid
-    ends; the first product of a ring, which overlaps no transfer, takes every
-    SM. CPU products ignore it."""
+    runs on SMs) starts at once rather than waiting on the product's persistent
+    grid; the ring's first product, which overlaps no transfer, takes every SM.
+    The all-gather ring's products take every SM (sparing them was slower: its
+    transfers are smaller). CPU products ignore it."""
 
     enabled: bool = True
     chunks: int | None = None
@@ -65,8 +66,8 @@ class Settings:
                 f"jax_tiled.overlap: spare_sms must be at least 0, got {self.spare_sms}"
             )
 
-    def pieces(self, replicated: bool) -> int:
-        return self.chunks if self.chunks is not None else 2 if replicated else 1
+    def pieces(self) -> int:
+        return self.chunks if self.chunks is not None else 1
 
 
 # A jit-cache-sensitive context where jax has one; on a jax without it a plain

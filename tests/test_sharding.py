@@ -337,45 +337,34 @@ def test_k_ring_pieces(rng, chunks, out_spec):
         assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
 
 
-@pytest.mark.parametrize("ring", ["reduce-scatter", "all-reduce", "all-gather"])
-def test_ring_products_beside_a_transfer_leave_sms_to_it(rng, ring):
-    """Every product of a ring that runs while a transfer is in flight carries
+@pytest.mark.parametrize("gather", [False, True])
+def test_k_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
+    """Every product of a K ring that runs while a transfer is in flight (the
+    previous step's sum, or the previous piece's gather) carries
     `beside_transfer` (on CUDA: SMs left free for NCCL's kernel); the first
-    product of a K ring, and the last of an all-gather ring, overlap none."""
+    overlaps none."""
     mesh = make_mesh("cpu", (4,), ("x",))
     product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
-    dims = _canonical.positions(False, False)
     seen = []
 
     def call(a, b, p, out_dtype):
         seen.append(p.spare_sms)
         return jnp.matmul(a, b).astype(out_dtype)
 
-    def k_ring(a, b):
+    def k_ring(a, b):  # 4 devices, 2 pieces a block: 8 products
         return _rings.reduce_scatter_ring(
-            call, product, a, b, axes=("x",), n=4, factor="m", dims=dims, pieces=2,
-            gather=ring == "all-reduce", acc_dtype=np.float32, beside_transfer=beside,
+            call, product, a, b, axes=("x",), n=4, factor="m",
+            dims=_canonical.positions(False, False), pieces=2, gather=gather,
+            acc_dtype=np.float32, beside_transfer=beside,
         )  # fmt: skip
 
-    def gather_ring(a, b):
-        return _rings.all_gather_ring(
-            call, product, a, b, axes=("x",), n=4, gathered="a", dims=dims, size=16,
-            beside_transfer=beside,
-        )  # fmt: skip
-
-    if ring == "all-gather":  # a split along M, b along N: the result along N
-        local, specs, out_spec = gather_ring, (P(None, "x"), P(None, None, "x")), P(None, None, "x")
-        expected = [32, 32, 32, 0]
-    else:  # K split, 4 devices, 2 pieces a block: 8 products
-        local, specs = k_ring, (P(None, None, "x"), P(None, "x"))
-        out_spec = P() if ring == "all-reduce" else P(None, "x")
-        expected = [0] + [32] * 7
     a_np = random_array(rng, (1, 16, 32), np.float32)
     b_np = random_array(rng, (1, 32, 24), np.float32)
-    f = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
+    specs, out_spec = (P(None, None, "x"), P(None, "x")), P() if gather else P(None, "x")
+    f = jax.shard_map(k_ring, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
     out = jax.jit(f)(a_np, b_np)
     assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
-    assert seen == expected
+    assert seen == [0] + [32] * 7
 
 
 def _rings_product(spare_sms):
