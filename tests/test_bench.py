@@ -731,19 +731,22 @@ def test_scaling_tool_runs_on_the_shared_timing(tmp_path):
         "K-sharded, reduce-scatter",
         "all-gather (a by M, b by N)",
     )
-    variants = ("chunks=auto", "no overlap")
-    assert [(line[:28].strip(), line[28:41].strip()) for line in table[: 2 * len(layouts)]] == [
-        (layout, label) for layout in layouts for label in variants
-    ]
+    variants = (f"chunks=auto spare={jax_tiled.overlap.SPARE_SMS}", "no overlap")
+    label_end = 28 + 1 + 20  # the layout's column, a space, the variant's
+    assert [
+        (line[:28].strip(), line[29:label_end].strip()) for line in table[: 2 * len(layouts)]
+    ] == [(layout, label) for layout in layouts for label in variants]
     gathers = {}
     for line in table[: 2 * len(layouts)]:
-        ours, theirs, ours_eff, theirs_eff, ratio, gathered = line[41:].split()[:6]
+        ours, theirs, ours_eff, theirs_eff, ratio, gathered = line[label_end:].split()[:6]
         assert float(ours) > 0 and float(theirs) > 0 and ratio.endswith("x")
         assert ours_eff.endswith("%") and theirs_eff.endswith("%")
-        gathers[line[:41].strip()] = tuple(int(g) for g in gathered.split("/"))
+        gathers[(line[:28].strip(), line[29:label_end].strip())] = tuple(
+            int(g) for g in gathered.split("/")
+        )
     # The gathered pattern: jnp gathers an operand; the ring sends pieces around instead.
-    assert gathers["all-gather (a by M, b by N)  chunks=auto"] == (0, 1), gathers
-    assert gathers["M-sharded                    no overlap"] == (0, 0), gathers
+    assert gathers[("all-gather (a by M, b by N)", variants[0])] == (0, 1), gathers
+    assert gathers[("M-sharded", "no overlap")] == (0, 0), gathers
     rows = json.loads(report.read_text())["rows"]
     assert [(row["layout"], row["variant"]) for row in rows] == [
         (layout, label) for layout in layouts for label in variants

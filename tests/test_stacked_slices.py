@@ -179,6 +179,7 @@ def _handler_call(platform, a, b, stack_indices, kernel, out_shape, out_dtype):
         transpose_b=np.bool_(False),
         precision=np.int32(0),
         kernel=kernel,
+        **({"spare_sms": np.int32(0)} if platform == "cuda" else {}),
     )
 
 

@@ -177,7 +177,7 @@ def main(argv=None) -> int:
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
     header = (
-        f"{'layout':28} {'jax_tiled':18} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
+        f"{'layout':28} {'jax_tiled':20} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
         f"{'jnp eff':>8} {'jnp/ours':>8} {'gathers':>8}"
     )
     print(header)
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
             print(
-                f"{layout:28} {label:18} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
+                f"{layout:28} {label:20} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
                 + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")
