@@ -21,6 +21,7 @@
 // never on tile sizes or thread count.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -468,10 +469,11 @@ int64_t SlabDepth(int64_t k) {
 
 // The most uses of a pack that do not pay for it: A is read in place where
 // its packed panel would serve at most this many micro-panels of B (a tile
-// that narrow), B where its packed block would serve at most this many
-// panels of A (a tile that short). Measured on a 2-core AMD EPYC: 16384 x
-// 4096 x 64 and 32 x 4096 x 4096 ~20% faster, 1024^3 (both packed) as
-// before (NOTES.md, "Operands read in place").
+// that narrow, counted in the micro-panels of the path that reads it), B
+// where its packed block would serve at most this many panels of A (a tile
+// that short). Measured on a 2-core AMD EPYC: 16384 x 4096 x 64 and 32 x
+// 4096 x 4096 ~20% faster, 1024^3 (both packed) as before (NOTES.md,
+// "Operands read in place").
 inline constexpr int64_t kAInPlaceMicroPanels = 2, kBInPlacePanels = 4;
 
 // One micro-kernel call: on the packed panels (ai, bj), or with A or B read
@@ -497,6 +499,23 @@ __attribute__((always_inline)) inline void Multiply(
   }
   if (full) return P::Full(kc, ai, bj, c, ldc, accumulate);
   P::Edge(live_rows, kc, ai, bj, c, ldc, accumulate);
+}
+
+// Where a tile's micro-kernels read their operands: an operand read where it
+// is stored, not packed (the FMA path, operands of the accumulator type; the
+// rows it reads contiguous), A where a packed panel would serve at most
+// kAInPlaceMicroPanels micro-panels of B, B where a packed block would serve
+// at most kBInPlacePanels panels of A. Too few uses to pay for the pack, a
+// pass over the operand of its own before any product (NOTES.md, "Operands
+// read in place").
+template <class P, class In>
+Reads ReadsOf(const Operands& op, const Tile& t) {
+  if constexpr (P::kReadsInPlace && std::is_same_v<In, typename P::acc_type>) {
+    if (op.a_depth == 1 && t.cols <= kAInPlaceMicroPanels * P::kNr) return Reads::kAInPlace;
+    if (op.b_col == 1 && t.rows <= kBInPlacePanels * P::kMr && t.cols % P::kNr == 0)
+      return Reads::kBInPlace;
+  }
+  return Reads::kPacked;
 }
 
 template <class P, class In, class Out>
@@ -530,18 +549,7 @@ void RunTile(const Operands& op, const Tile& t, void* scratch) {
     c = reinterpret_cast<Acc*>(bytes), ldc = block_accumulators ? Min(NC, t.cols) : t.cols;
   }
 
-  // An operand read where it is stored, not packed (the FMA path, operands
-  // of the accumulator type; the rows it reads contiguous): A where a packed
-  // panel would serve at most kAInPlaceMicroPanels micro-panels of B, B where
-  // a packed block would serve at most kBInPlacePanels panels of A. Too few
-  // uses to pay for the pack, a pass over the operand of its own before any
-  // product (NOTES.md, "Operands read in place").
-  Reads reads = Reads::kPacked;
-  if constexpr (P::kReadsInPlace && std::is_same_v<In, Acc>) {
-    if (op.a_depth == 1 && t.cols <= kAInPlaceMicroPanels * NR) reads = Reads::kAInPlace;
-    else if (op.b_col == 1 && t.rows <= kBInPlacePanels * MR && t.cols % NR == 0)
-      reads = Reads::kBInPlace;
-  }
+  const Reads reads = ReadsOf<P, In>(op, t);
 
   [[maybe_unused]] const typename P::Scope scope;
   const int64_t slab = SlabDepth<P>(op.k);
@@ -605,14 +613,21 @@ void VisitStorage(Dtype t, F&& f) {
   }
 }
 
-// Config32 and Config64 are this instruction set's Config for float and double.
-template <class Config32, class Config64>
+// Config32 and Config64 are this instruction set's Config for float and double;
+// Config32ReadingA, float32's for tiles that read A where it is stored (by
+// default Config32's own).
+template <class Config32, class Config64, class Config32ReadingA = Config32>
 struct Kernels {
   // float64 accumulates when either side is float64, as on CUDA (AccumulatorOf).
   template <class In, class Out>
   using PathFor =
       FmaPath<std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
                                  Config64, Config32>>;
+  using ReadingA = FmaPath<Config32ReadingA>;
+  template <class In, class Out>
+  static constexpr bool kMayReadA =
+      std::is_same_v<PathFor<In, Out>, FmaPath<Config32>> && std::is_same_v<In, float> &&
+      !std::is_same_v<Config32ReadingA, Config32>;
 
   static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
     size_t bytes = 0;
@@ -621,6 +636,8 @@ struct Kernels {
         using In = decltype(in);
         using Out = decltype(out);
         bytes = ScratchBytes<PathFor<In, Out>, Out>(rows, cols, op.k);
+        if constexpr (kMayReadA<In, Out>)
+          bytes = std::max(bytes, ScratchBytes<ReadingA, Out>(rows, cols, op.k));
       });
     });
     return bytes;
@@ -631,6 +648,10 @@ struct Kernels {
       VisitStorage(op.out_type, [&](auto out) {
         using In = decltype(in);
         using Out = decltype(out);
+        // A tile that reads A in place on ReadingA's register block runs there.
+        if constexpr (kMayReadA<In, Out>)
+          if (ReadsOf<ReadingA, In>(op, tile) == Reads::kAInPlace)
+            return RunTile<ReadingA, In, Out>(op, tile, scratch);
         RunTile<PathFor<In, Out>, In, Out>(op, tile, scratch);
       });
     });
