@@ -614,20 +614,22 @@ void VisitStorage(Dtype t, F&& f) {
 }
 
 // Config32 and Config64 are this instruction set's Config for float and double;
-// Config32ReadingA, float32's for tiles that read A where it is stored (by
-// default Config32's own).
-template <class Config32, class Config64, class Config32ReadingA = Config32>
+// Config32ReadingA and Config64ReadingA, theirs for tiles that read A where it
+// is stored (by default the same).
+template <class Config32, class Config64, class Config32ReadingA = Config32,
+          class Config64ReadingA = Config64>
 struct Kernels {
   // float64 accumulates when either side is float64, as on CUDA (AccumulatorOf).
   template <class In, class Out>
-  using PathFor =
-      FmaPath<std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>,
-                                 Config64, Config32>>;
-  using ReadingA = FmaPath<Config32ReadingA>;
+  static constexpr bool kDouble = std::is_same_v<In, double> || std::is_same_v<Out, double>;
   template <class In, class Out>
-  static constexpr bool kMayReadA =
-      std::is_same_v<PathFor<In, Out>, FmaPath<Config32>> && std::is_same_v<In, float> &&
-      !std::is_same_v<Config32ReadingA, Config32>;
+  using PathFor = FmaPath<std::conditional_t<kDouble<In, Out>, Config64, Config32>>;
+  template <class In, class Out>
+  using ReadingA =
+      FmaPath<std::conditional_t<kDouble<In, Out>, Config64ReadingA, Config32ReadingA>>;
+  template <class In, class Out>
+  static constexpr bool kMayReadA = std::is_same_v<In, typename PathFor<In, Out>::acc_type> &&
+                                    !std::is_same_v<ReadingA<In, Out>, PathFor<In, Out>>;
 
   static size_t Scratch(const Operands& op, int64_t rows, int64_t cols) {
     size_t bytes = 0;
@@ -637,7 +639,7 @@ struct Kernels {
         using Out = decltype(out);
         bytes = ScratchBytes<PathFor<In, Out>, Out>(rows, cols, op.k);
         if constexpr (kMayReadA<In, Out>)
-          bytes = std::max(bytes, ScratchBytes<ReadingA, Out>(rows, cols, op.k));
+          bytes = std::max(bytes, ScratchBytes<ReadingA<In, Out>, Out>(rows, cols, op.k));
       });
     });
     return bytes;
@@ -650,8 +652,8 @@ struct Kernels {
         using Out = decltype(out);
         // A tile that reads A in place on ReadingA's register block runs there.
         if constexpr (kMayReadA<In, Out>)
-          if (ReadsOf<ReadingA, In>(op, tile) == Reads::kAInPlace)
-            return RunTile<ReadingA, In, Out>(op, tile, scratch);
+          if (ReadsOf<ReadingA<In, Out>, In>(op, tile) == Reads::kAInPlace)
+            return RunTile<ReadingA<In, Out>, In, Out>(op, tile, scratch);
         RunTile<PathFor<In, Out>, In, Out>(op, tile, scratch);
       });
     });
