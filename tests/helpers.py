@@ -298,3 +298,31 @@ def equations(jaxpr, name: str):
 def count_equations(jaxpr, name: str) -> int:
     """How many equations of primitive `name` a jaxpr holds, at any depth."""
     return sum(1 for _ in equations(jaxpr, name))
+
+
+def handler_call(
+    platform,
+    a,
+    b,
+    out_shape,
+    out_dtype,
+    *stack_indices,
+    kernel="auto",
+    precision=0,
+    spare_sms=0,
+    transpose_a=False,
+    transpose_b=False,
+):
+    """The FFI handler called directly, bypassing the primitive, with every
+    attribute it binds (CUDA's `spare_sms` too); a non-int `precision` is
+    passed as it is, for the tests of bad attributes."""
+    attributes = dict(
+        transpose_a=np.bool_(transpose_a),
+        transpose_b=np.bool_(transpose_b),
+        precision=np.int32(precision) if isinstance(precision, int) else precision,
+        kernel=kernel,
+    )
+    if platform == "cuda":
+        attributes["spare_sms"] = np.int32(spare_sms)
+    call = jax.ffi.ffi_call(_ffi.TARGETS[platform], jax.ShapeDtypeStruct(out_shape, out_dtype))
+    return call(a, b, *stack_indices, **attributes)

@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import gpu_available
+from helpers import gpu_available, handler_call
 
 A = jnp.ones((3, 4), jnp.float32)
 B = jnp.ones((4, 5), jnp.float32)
@@ -188,17 +188,16 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
         with pytest.raises(TypeError, match="'pipelined'.*got bfloat16 -> bfloat16"):
             jax_tiled.matmul(a, a, kernel="pipelined")
         # The handler refuses too, for callers that bypass the primitive.
-        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.bfloat16))
         with pytest.raises(Exception, match="'pipelined'.*got bfloat16 -> bfloat16"):
             jax.block_until_ready(
-                call(
+                handler_call(
+                    "cuda",
                     a[None],
                     a[None],
-                    transpose_a=False,
-                    transpose_b=False,
-                    precision=np.int32(2),
+                    (1, 8, 8),
+                    jnp.bfloat16,
                     kernel="pipelined",
-                    spare_sms=np.int32(0),
+                    precision=2,
                 )
             )
 
@@ -207,32 +206,15 @@ def test_forced_kernel_refuses_dtypes_it_cannot_compute():
 def test_cuda_handler_refuses_negative_spare_sms():
     a = jnp.ones((1, 8, 8), jnp.float32)
     with jax.default_device(jax.devices("cuda")[0]):
-        call = jax.ffi.ffi_call("tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 8, 8), jnp.float32))
         with pytest.raises(Exception, match="spare_sms must be at least 0, got -1"):
-            jax.block_until_ready(
-                call(
-                    a,
-                    a,
-                    transpose_a=False,
-                    transpose_b=False,
-                    precision=np.int32(0),
-                    kernel="auto",
-                    spare_sms=np.int32(-1),
-                )
-            )
+            jax.block_until_ready(handler_call("cuda", a, a, (1, 8, 8), jnp.float32, spare_sms=-1))
 
 
 def _call_handler(
     a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0, stack_indices=()
 ):
-    return jax.ffi.ffi_call("tiled_matmul_cpu", jax.ShapeDtypeStruct(out_shape, out_dtype))(
-        a,
-        b,
-        *stack_indices,
-        transpose_a=np.bool_(False),
-        transpose_b=np.bool_(False),
-        precision=np.int32(precision) if isinstance(precision, int) else precision,
-        kernel=kernel,
+    return handler_call(
+        "cpu", a, b, out_shape, out_dtype, *stack_indices, kernel=kernel, precision=precision
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import F32, assert_matmul_close, kernels_on, random_array
+from helpers import F32, assert_matmul_close, handler_call, kernels_on, random_array
 from jax_tiled import _ffi, _lowering, _presets
 
 BF16 = jnp.bfloat16
@@ -169,20 +169,6 @@ def test_gradients_and_vmap_match_the_copied_slices(platform, rng):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def _handler_call(platform, a, b, stack_indices, kernel, out_shape, out_dtype):
-    target = _ffi.TARGETS[platform]
-    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(out_shape, out_dtype))(
-        a,
-        b,
-        *stack_indices,
-        transpose_a=np.bool_(False),
-        transpose_b=np.bool_(False),
-        precision=np.int32(0),
-        kernel=kernel,
-        **({"spare_sms": np.int32(0)} if platform == "cuda" else {}),
-    )
-
-
 @pytest.mark.parametrize("index", [-3, 0, 2, 40])
 def test_the_handler_clamps_the_index_for_every_kernel(platform, rng, index):
     """The FFI call itself, with b a stack (4, 1, k, n) and a stack a (3, 1,
@@ -196,12 +182,12 @@ def test_the_handler_clamps_the_index_for_every_kernel(platform, rng, index):
     problem = (1, 1, m, n, k, False, False)
     for kernel in kernels_on(platform, BF16, problem=problem):
         got = jax.jit(
-            lambda a, b, i, kernel=kernel: _handler_call(
-                platform, a, b, (i, i), kernel, (1, m, n), F32
+            lambda a, b, i, kernel=kernel: handler_call(
+                platform, a, b, (1, m, n), F32, i, i, kernel=kernel
             )
         )(a_stack, b_stack, jnp.int32(index))
         want = jax.jit(
-            lambda a, b, kernel=kernel: _handler_call(platform, a, b, (), kernel, (1, m, n), F32)
+            lambda a, b, kernel=kernel: handler_call(platform, a, b, (1, m, n), F32, kernel=kernel)
         )(a_stack[pick_a], b_stack[pick_b])
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=kernel)
         assert_matmul_close(

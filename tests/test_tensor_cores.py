@@ -21,6 +21,7 @@ from helpers import (
     TENSOR_CORE_KERNELS,
     assert_matmul_close,
     bind_product,
+    handler_call,
     operands,
     random_array,
     relative_norm_error,
@@ -147,19 +148,15 @@ def test_unaligned_rows_run_on_mma_and_wgmma_refuses_them(rng):
         with pytest.raises(ValueError, match="kernel 'wgmma'"):
             jax_tiled.explain(a, b, kernel="wgmma")
         # The handler refuses too, for callers that bypass the primitive.
-        call = jax.ffi.ffi_call(
-            "tiled_matmul_cuda", jax.ShapeDtypeStruct((1, 33, 65), jnp.bfloat16)
-        )
         with pytest.raises(Exception, match="kernel 'wgmma' reads operands"):
             jax.block_until_ready(
-                call(
+                handler_call(
+                    "cuda",
                     jnp.asarray(a)[None],
                     jnp.asarray(b)[None],
-                    transpose_a=False,
-                    transpose_b=False,
-                    precision=np.int32(0),
+                    (1, 33, 65),
+                    jnp.bfloat16,
                     kernel="wgmma",
-                    spare_sms=np.int32(0),
                 )
             )
 
