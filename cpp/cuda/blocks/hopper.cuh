@@ -296,13 +296,18 @@ __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
 
 // wgmma's view of a tile in shared memory with the 128-byte swizzle: `lead`
 // and `stride` are the byte distances between 8 x 16-byte core-matrix groups
-// along the two axes (see SwizzledTile below for which is which).
-__device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile, uint32_t lead,
-                                                     uint32_t stride) {
-  constexpr uint64_t kSwizzle128B = uint64_t{1} << 62;
-  return static_cast<uint64_t>((SharedAddress(tile) & 0x3FFFF) >> 4) |
-         static_cast<uint64_t>((lead & 0x3FFFF) >> 4) << 16 |
-         static_cast<uint64_t>((stride & 0x3FFFF) >> 4) << 32 | kSwizzle128B;
+// along the two axes (see SwizzledTile below for which is which), and the
+// tile starts `offset` bytes past `tile`. The address field counts 16-byte
+// units; the offset is added in those units to the masked address, and
+// everything but the tile's address is a constant, so the descriptors of one
+// tile's steps are one integer add apart (no shift and mask per wgmma).
+template <uint32_t kLead, uint32_t kStride>
+__device__ __forceinline__ uint64_t MatrixDescriptor(const void* tile, uint32_t offset) {
+  constexpr uint32_t kSwizzle128B = 1u << 30;  // bit 62
+  constexpr uint32_t kLow = (kLead & 0x3FFFF) >> 4 << 16;
+  constexpr uint32_t kHigh = (kStride & 0x3FFFF) >> 4 | kSwizzle128B;
+  const uint32_t low = ((SharedAddress(tile) & 0x3FFFF) >> 4) + kLow + offset / 16;
+  return uint64_t{kHigh} << 32 | low;
 }
 
 // A tile of x_extent x E (k) elements, E = one 128-byte swizzle row (64
@@ -327,9 +332,9 @@ struct SwizzledTile {
   __device__ __forceinline__ static uint64_t Descriptor(const uint8_t* tile, int x0, int step) {
     if constexpr (kMnMajor) {
       static_assert(sizeof(In) == 2, "wgmma reads MN-major tiles of 16-bit types only");
-      return MatrixDescriptor(tile + x0 / kElements * kBoxBytes + step * 2048, kBoxBytes, 1024);
+      return MatrixDescriptor<kBoxBytes, 1024>(tile, x0 / kElements * kBoxBytes + step * 2048);
     } else {
-      return MatrixDescriptor(tile + x0 * kSwizzleBytes + step * 32, 16, 1024);
+      return MatrixDescriptor<16, 1024>(tile, x0 * kSwizzleBytes + step * 32);
     }
   }
 

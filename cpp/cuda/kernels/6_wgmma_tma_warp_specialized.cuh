@@ -382,8 +382,17 @@ struct WgmmaConsumer {
   const int warp, lane;
 
   __device__ __forceinline__ WgmmaConsumer()
-      : a_rows(64 * (threadIdx.x / 128 - 1)), warp(threadIdx.x / 32 % 4), lane(threadIdx.x % 32) {
+      : a_rows(64 * (WarpgroupIndex() - 1)), warp(threadIdx.x / 32 % 4), lane(threadIdx.x % 32) {
     hopper::GrowRegisters<Cfg::kConsumerRegisters>();
+  }
+
+  // threadIdx.x / 128 as lane 0 has it: the same in every lane, and seen so
+  // by the compiler, which then keeps A's descriptors (built from a_rows) in
+  // uniform registers; from threadIdx.x itself it built them per thread and
+  // moved them into uniform ones around every wgmma (NOTES.md, "Descriptors
+  // in uniform registers").
+  __device__ __forceinline__ static int WarpgroupIndex() {
+    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   }
 
   // acc = this warpgroup's rows of the unit's product.
