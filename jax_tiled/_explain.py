@@ -73,7 +73,7 @@ class Explanation:
     """What `explain` found: the product as the kernel sees it, the kernel that
     runs it, why, and its launch plan. `str()` gives it as one line,
 
-        cuda: 1 x (16 x 8192) @ (8192 x 8192), float32 -> float32, precision
+        cuda: 1 x (48 x 8192) @ (8192 x 8192), float32 -> float32, precision
         HIGHEST: smem16: fewer than 64 rows or columns: ...; runs 16 x 16 tiles
     """
 

@@ -104,7 +104,8 @@ def test_bad_input_raises_like_matmul():
     [
         ((4096, 4096), (4096, 4096), "warptile", "128 x 128 blocks of 8 warps fill the"),
         ((256, 256), (256, 256), "pipelined", "64 x 64 blocks of 2 warps"),
-        ((16, 8192), (8192, 8192), "smem16", "fewer than 64 rows or columns"),
+        ((48, 8192), (8192, 8192), "smem16", "fewer than 64 rows or columns"),
+        ((16, 8192), (8192, 8192), "warptile", "at most 32 rows"),
         ((8192, 64), (64, 40), "smem16", "fewer than 64 rows or columns"),
     ],
     ids=str,

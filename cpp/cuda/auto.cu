@@ -92,6 +92,14 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     return choose(smem16, [] {
       return "float64: warptile would spill its 64 double accumulators per thread";
     });
+  // warptile's planner runs products of few rows on thin blocks.
+  if (p.dims.n >= 64)
+    if (const LaunchPlan thin = warptile.plan(p, device); thin.block_m < 64)
+      return choose(warptile, [&] {
+        const std::string rows = std::to_string(thin.block_m);
+        return "at most " + rows + " rows: warptile's blocks of " + rows +
+               " rows, where its 64-row ones would compute rows that are not there";
+      });
   if (p.dims.m < 64 || p.dims.n < 64)
     return choose(smem16, [] {
       return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding";

@@ -47,6 +47,8 @@ LARGE_SIXTEEN_BIT_SHAPE = (1032, 72, 4104)
 # Two 128 x 128 tiles over a deep K: the Hopper kernel splits K across several
 # clusters a tile, whose partial sums meet in scratch (a second kernel adds them).
 DEEP_SHAPE = (136, 40000, 72)
+# 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts.
+THIN_DEEP_SHAPE = (16, 9000, 136)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 
 
@@ -72,6 +74,7 @@ def run_kernel(kernel: str) -> None:
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, np.float32),
         (DEEP_SHAPE, np.float32, np.float32),
         (DEEP_SHAPE, jnp.bfloat16, jnp.bfloat16),
+        (THIN_DEEP_SHAPE, np.float32, np.float32),
     ]
     layouts = list(itertools.product((False, True), repeat=2))
     cases = [

@@ -7,7 +7,7 @@ namespace jax_tiled::cuda {
 namespace {
 
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return SimtPlan<WarpTileLarge, WarpTileSmall>(p, device);
+  return SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
@@ -15,10 +15,15 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
   return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
     using In = decltype(in);
     using Out = decltype(result);
-    return WithConfig<WarpTileLarge, WarpTileSmall>(plan, [&](auto cfg) {
-      return LaunchWarpTiledWith<decltype(cfg), In, Out, AccumulatorOf<In, Out>>(
-          plan, p.dims, static_cast<const In*>(p.a), static_cast<const In*>(p.b),
-          static_cast<Out*>(out), context);
+    using Acc = AccumulatorOf<In, Out>;
+    return WithConfig<WarpTileLarge, WarpTileSmall, WarpTileThin>(plan, [&](auto cfg) {
+      using Cfg = decltype(cfg);
+      // Not compiled where the planner never runs it.
+      if constexpr (!Cfg::template kFits<Acc>) return cudaErrorInvalidValue;
+      else
+        return LaunchWarpTiledWith<Cfg, In, Out, Acc>(plan, p.dims, static_cast<const In*>(p.a),
+                                                      static_cast<const In*>(p.b),
+                                                      static_cast<Out*>(out), context);
     });
   });
 }

@@ -49,6 +49,12 @@ struct WarpTileConfig {
   // Whether each thread's 8 x 8 sums of Acc can be blocked (blocked_sum.cuh).
   template <class Acc>
   static constexpr bool kBlockedSum = RoomForBlockedSum(64 * sizeof(Acc) / 4, kThreads* kMinBlocks);
+  // Quads of 4 elements a thread stages per slab (SlabLoader), both operands.
+  static constexpr int kStagedQuads = (kBlockM + kBlockN) * kSlab / 4 / kThreads;
+  // Whether a thread's 64 sums of Acc fit its registers beside what it
+  // stages: doubles did beside 4 staged quads and spilled beside 5 (ptxas -v).
+  template <class Acc>
+  static constexpr bool kFits = sizeof(Acc) == 4 || kStagedQuads <= 4;
 };
 
 // Four consecutive accumulators in shared memory as 16-byte accesses (the
@@ -272,8 +278,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // Shape-dependent block size: 128 x 128 blocks once they fill the GPU twice
 // over, else 64 x 64 ones, which quadruple the block count on small problems.
 // Two large blocks per SM (16 warps) need at most 128 registers a thread.
+// 32 x 128 blocks of 1 x 2 warps for products of at most 32 rows (a decode
+// step's M): a 64-row block computes two to four times the rows it writes
+// there, and B, read once for all rows, is what the product costs.
 using WarpTileLarge = WarpTileConfig<4, 2, 8, 2>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
+using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true>;
 
 // Whether every row of every batch of an operand starts 4-element aligned,
 // so groups of 4 can move as one 16-byte (or 2 x 16-byte) access.
@@ -311,23 +321,39 @@ inline bool WarpTileUsesLargeBlocks(const MatmulDims& dims, int multiprocessors)
          2 * multiprocessors;
 }
 
+// float64 in or out: the kernels sum in double.
+inline bool AccumulatesInDouble(const Product& p) {
+  return p.in_type == Dtype::kF64 || p.out_type == Dtype::kF64;
+}
+
+// The plan of a configuration that may cut K (kPartsOfK): into parts, a
+// block each, where its blocks alone would leave SMs idle.
+template <class Cfg>
+LaunchPlan SimtPlanInParts(const Product& p, const DeviceFacts& device) {
+  LaunchPlan plan = PlanOf<Cfg>();
+  if (!Cfg::template kPartsOfK<float> || AccumulatesInDouble(p)) return plan;
+  const int64_t tiles = WarpTileBlocks(p.dims, Cfg::kBlockM, Cfg::kBlockN);
+  plan.split_groups = static_cast<int>(
+      KPartsOf(p.dims.k,
+               KPartsWanted(tiles, p.dims.k, int64_t{device.multiprocessors} * Cfg::kMinBlocks),
+               Cfg::kSlab)
+          .count);
+  return plan;
+}
+
 // The plan of warptile and pipelined, whose block shapes are the same (Large
 // and Small: WarpTileConfig or PipelineConfig): 128 x 128 blocks once they
 // fill the GPU twice over, else 64 x 64 ones, which quadruple the block
-// count; and where even those leave SMs idle, K cut into parts.
-template <class Large, class Small>
+// count; and where even those leave SMs idle, K cut into parts. A kernel
+// with a Thin configuration runs products of at most its rows on it, K cut
+// the same way, where its accumulators fit (kFits).
+template <class Large, class Small, class Thin = void>
 LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
+  if constexpr (!std::is_void_v<Thin>)
+    if (p.dims.m <= Thin::kBlockM && (Thin::template kFits<double> || !AccumulatesInDouble(p)))
+      return SimtPlanInParts<Thin>(p, device);
   if (WarpTileUsesLargeBlocks(p.dims, device.multiprocessors)) return PlanOf<Large>();
-  LaunchPlan plan = PlanOf<Small>();
-  const bool accumulates_in_double = p.in_type == Dtype::kF64 || p.out_type == Dtype::kF64;
-  if (!Small::template kPartsOfK<float> || accumulates_in_double) return plan;
-  const int64_t tiles = WarpTileBlocks(p.dims, Small::kBlockM, Small::kBlockN);
-  plan.split_groups = static_cast<int>(
-      KPartsOf(p.dims.k,
-               KPartsWanted(tiles, p.dims.k, int64_t{device.multiprocessors} * Small::kMinBlocks),
-               Small::kSlab)
-          .count);
-  return plan;
+  return SimtPlanInParts<Small>(p, device);
 }
 
 }  // namespace jax_tiled::cuda

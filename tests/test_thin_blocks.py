@@ -1,0 +1,210 @@
+"""Products of at most 32 rows (a decode step's M) at HIGHEST: warptile runs
+them on thin blocks, 32 x 128 (cpp/cuda/kernels/3_simt_warptiled.cuh,
+WarpTileThin), K cut into parts where those blocks leave SMs idle, and `auto`
+takes warptile there rather than smem16's 16 x 16 tiles. The plans and auto's
+choice (no GPU needed: the CUDA module plans for an H100 without one); on a
+GPU, the products against float64 on every layout and in every input and
+output type warptile takes, batched and off the tile edges, on one K slab and
+over a long K; bitwise the same run to run; special values; jit, grad and
+vmap through them; and on positive inputs over a long K, no less accurate than
+jnp at HIGHEST."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tiled
+from helpers import CUDA_TABLE, LAYOUTS, assert_matmul_close, bind_product, operands, x64
+from jax_tiled import _ffi
+
+HIGHEST = lax.Precision.HIGHEST
+S = jax.ShapeDtypeStruct
+needs_cuda_module = pytest.mark.skipif(
+    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
+)
+THIN = (32, 128)  # rows x columns of a thin block
+
+# (batch, m, n, k): one row; the decode-step sizes the user shapes have
+# (K cut into parts: 16 x 8192 x 8192 is 64 blocks for 132 SMs); a batch off
+# every edge; 32 rows exactly, K one short slab; a K long enough to cut deep.
+SHAPES = [
+    (1, 1, 200, 300),
+    (1, 16, 8192, 8192),
+    (3, 17, 130, 1000),
+    (1, 32, 64, 5),
+    (1, 31, 257, 40000),
+]
+
+
+def plan(kernel, shape, dtype=np.float32, out_dtype=None):
+    batch, m, n, k = shape
+    return _ffi.cuda_plan(
+        kernel,
+        dtype,
+        dtype if out_dtype is None else out_dtype,
+        (batch, batch, m, n, k, False, False),
+        HIGHEST,
+        multiprocessors=_ffi.H100_MULTIPROCESSORS,
+    )
+
+
+def warptile_products():
+    """(dtype, out_dtype) pairs warptile takes, from the kernel table."""
+    if not _ffi.cuda_module_built():
+        return []
+    facts = next(k for k in CUDA_TABLE if k.name == "warptile")
+    return [(i, o) for i in facts.inputs for o in facts.outputs]
+
+
+@needs_cuda_module
+def test_thin_blocks_for_at_most_32_rows():
+    for m in (1, 16, 32):
+        found = plan("warptile", (1, m, 4096, 4096))
+        assert (found.block_m, found.block_n) == THIN, (m, found)
+        assert found.text.startswith("32 x 128 tiles"), found.text
+    assert plan("warptile", (1, 33, 4096, 4096)).block_m == 64
+    # pipelined has no thin blocks: its 64-row ones, as before.
+    assert plan("pipelined", (1, 16, 4096, 4096)).block_m == 64
+
+
+@needs_cuda_module
+def test_thin_blocks_cut_k_to_fill_the_sms():
+    """16 x 8192 x 8192: 64 thin blocks for 132 SMs, so K is cut; the parts'
+    blocks fit the GPU at once (4 an SM) and each part is at least 256 deep."""
+    found = plan("warptile", (1, 16, 8192, 8192))
+    tiles = 8192 // THIN[1]
+    assert found.split_groups > 1, found
+    assert tiles * found.split_groups <= 4 * _ffi.H100_MULTIPROCESSORS, found
+    assert 8192 // found.split_groups >= 256, found
+    assert plan("warptile", (1, 16, 8192, 300)).split_groups == 1
+
+
+@needs_cuda_module
+def test_no_thin_blocks_for_double_sums():
+    """A thin block's 64 double sums a thread spill beside its staged copies
+    (ptxas): float64 products keep the 64-row blocks."""
+    for dtype, out in (("float64", "float64"), ("float32", "float64")):
+        assert plan("warptile", (1, 16, 4096, 4096), dtype, out).block_m == 64
+
+
+@needs_cuda_module
+@pytest.mark.parametrize(
+    "rows,kernel,reason",
+    [
+        (1, "warptile", "at most 32 rows"),
+        (32, "warptile", "at most 32 rows"),
+        (33, "smem16", "fewer than 64 rows or columns"),
+    ],
+)
+def test_auto_takes_thin_blocks(rows, kernel, reason):
+    found = jax_tiled.explain(
+        S((rows, 8192), jnp.float32),
+        S((8192, 8192), jnp.float32),
+        precision="highest",
+        backend="gpu",
+    )
+    assert found.kernel == kernel and found.reason.startswith(reason), found
+    if kernel == "warptile":
+        assert found.plan.startswith("32 x 128 tiles, K split in"), found
+
+
+@needs_cuda_module
+def test_auto_keeps_narrow_outputs_off_thin_blocks():
+    """Fewer than 64 columns: a 128-wide thin block would be mostly padding."""
+    found = jax_tiled.explain(
+        S((16, 4096), jnp.float32), S((4096, 40), jnp.float32), precision="highest", backend="gpu"
+    )
+    assert found.kernel == "smem16", found
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_every_layout_and_type_against_float64(rng, shape):
+    batch, m, n, k = shape
+    for dtype, out_dtype in warptile_products():
+        if k * n > 2**22 and (dtype, out_dtype) != ("float32", "float32"):
+            continue  # the other types on the smaller shapes: the float64 references take long
+        with x64():
+            for ta, tb in LAYOUTS:
+                a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, np.dtype(dtype), batch, batch)
+                out = bind_product(
+                    a, b, ta, tb, precision=HIGHEST, kernel="warptile", out_dtype=out_dtype
+                )
+                assert_matmul_close(
+                    out, a_op, b_op, platform="cuda", precision=HIGHEST, out_dtype=out_dtype
+                )
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_bitwise_the_same_run_to_run(rng):
+    a, b, _, _ = operands(rng, 16, 8192, 8192, False, False)
+    product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, precision=HIGHEST))
+    first = np.asarray(product(a, b))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_special_values_reach_the_result(rng):
+    """inf in the last part's K, NaN in the first's, inf - inf across parts,
+    on thin blocks with K cut: carried as true arithmetic does."""
+    m, n, k = 16, 1024, 8192
+    assert plan("warptile", (1, m, n, k)).split_groups > 1
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a[0, k - 1] = np.inf
+    a[1, 0] = np.nan
+    a[2, k - 1], a[2, 0] = np.inf, -np.inf
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = np.asarray(jax_tiled.matmul(a, b, precision=HIGHEST), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    infinite = np.isinf(want)
+    np.testing.assert_array_equal(got[infinite], want[infinite])
+    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_jit_grad_vmap_through_thin_blocks(rng):
+    """A decode step's shapes: x (16, k) against w (k, n); the gradient for x
+    is thin again, w's is not. vmap over a batch of x."""
+    x = jnp.asarray(rng.standard_normal((16, 2048)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((2048, 512)), jnp.float32)
+
+    def loss(matmul):
+        return lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, precision=HIGHEST)))
+
+    got = jax.jit(jax.grad(loss(jax_tiled.matmul), argnums=(0, 1)))(x, w)
+    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=2e-4, atol=2e-4)
+    xs = jnp.stack([x, 2 * x])
+    batched = jax.vmap(lambda x: jax_tiled.matmul(x, w, precision=HIGHEST))(xs)
+    np.testing.assert_allclose(
+        np.asarray(batched), np.asarray(jnp.matmul(xs, w, precision=HIGHEST)), rtol=2e-5, atol=2e-4
+    )
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_long_k_no_less_accurate_than_jnp(rng):
+    """16 x 8192 x 65536 on positive inputs (they expose a bias): auto runs
+    thin blocks with K cut, and its error against float64 is at most jnp's."""
+    m, n, k = 16, 512, 65536
+    a = rng.uniform(0.5, 1.5, (m, k)).astype(np.float32)
+    b = rng.uniform(0.5, 1.5, (k, n)).astype(np.float32)
+    found = jax_tiled.explain(a, b, precision=HIGHEST)
+    assert found.kernel == "warptile" and found.plan.startswith("32 x 128 tiles"), found
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    errors = {}
+    for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
+        got = np.asarray(product(a, b, precision=HIGHEST), np.float64)
+        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert errors["ours"] <= errors["jnp"], errors
