@@ -66,8 +66,15 @@ __device__ __forceinline__ const T* FromK(const T* base, int64_t ld, bool k_cont
   return base + (k_contiguous ? k0 : k0 * ld);
 }
 
-// The second kernel: C = the sum of the parts' slots, in part order. The
-// slots hold the batch's outputs densely (row stride n, batch stride m n).
+// Parts added one after another into a group's sum before the group's sum is
+// added into the total: a sum of n parts then rounds about 8 + n / 8 times
+// in a row where one running sum rounded n times (128 parts of a few rows'
+// long K were twice jnp's error), and up to 8 parts it is that running sum.
+inline constexpr int64_t kKPartsPerGroup = 8;
+
+// The second kernel: C = the sum of the parts' slots, in part order, in
+// groups of kKPartsPerGroup. The slots hold the batch's outputs densely (row
+// stride n, batch stride m n).
 template <class Acc, class Out>
 __global__ void __launch_bounds__(256)
     AddKParts(const MatmulDims dims, const Acc* __restrict__ partials, const KParts parts,
@@ -75,9 +82,14 @@ __global__ void __launch_bounds__(256)
   const int64_t per_matrix = dims.m * dims.n, total = dims.batch * per_matrix;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    Acc sum = partials[i];
-    for (int64_t part = 1; part < parts.count; ++part)
-      sum += partials[part * parts.slot_stride + i];
+    Acc sum = 0;
+    for (int64_t first = 0; first < parts.count; first += kKPartsPerGroup) {
+      Acc group = partials[first * parts.slot_stride + i];
+      const int64_t end = min(first + kKPartsPerGroup, parts.count);
+      for (int64_t part = first + 1; part < end; ++part)
+        group += partials[part * parts.slot_stride + i];
+      sum = first == 0 ? group : sum + group;
+    }
     const int64_t batch = i / per_matrix, row = i % per_matrix / dims.n, col = i % dims.n;
     out[batch * dims.out_batch_stride + row * dims.ldc + col] = FromAccumulator<Out>(sum);
   }
