@@ -262,6 +262,25 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     )
 
 
+def assert_special_values_across_k(rng, m, n, k, kernel="auto"):
+    """inf at the end of row 0's K, NaN at the start of row 1's, inf - inf
+    across row 2's (so across the parts where K is cut): the product at
+    HIGHEST carries them as true arithmetic does, and the other rows are
+    close to float64's."""
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a[0, k - 1] = np.inf
+    a[1, 0] = np.nan
+    a[2, k - 1], a[2, 0] = np.inf, -np.inf
+    with np.errstate(invalid="ignore"):
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = np.asarray(jax_tiled.matmul(a, b, precision=HIGHEST, kernel=kernel), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    infinite = np.isinf(want)
+    np.testing.assert_array_equal(got[infinite], want[infinite])
+    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
+
+
 def relative_norm_error(out, a_op, b_op) -> float:
     """Relative Frobenius error of out against the float64 product op(a) @ op(b)."""
     ref = np.matmul(np.asarray(a_op, np.float64), np.asarray(b_op, np.float64))

@@ -1,14 +1,16 @@
-"""The Hopper kernels as ptxas compiles them: no wgmma issued one at a time.
+"""The tensor-core kernels as ptxas compiles them: no wgmma issued one at a
+time, and no register spilled.
 
 ptxas serialises a kernel's wgmmas (each waits for the one before) where it
 finds too few registers for their pipeline, and says so only as information
 under -v ("C7511 ... wgmma.mma_async instructions are serialized"): the
 build stays green while the products run slower. It did so to every kernel
 that staged a float32 C until 2026-11-25 (cpp/cuda/NOTES.md, "wgmma
-serialised by its float32 output"). Each per-input unit of a Hopper-only
-kernel of the table is compiled here for sm_90a, as cmake/cuda.cmake
-generates it, and ptxas's report read. Needs nvcc and a checkout (the C++
-sources); CI has both.
+serialised by its float32 output"). A spill is as quiet: mma's small blocks
+for 16-bit inputs spilled 8 bytes a thread until 2026-11-26. Each per-input
+unit of a tensor-core kernel of the table is compiled here for sm_90a, as
+cmake/cuda.cmake generates it, and ptxas's report read. Needs nvcc and a
+checkout (the C++ sources); CI has both.
 """
 
 from __future__ import annotations
@@ -35,34 +37,35 @@ def per_input_launchers() -> dict[str, str]:
     return dict(re.findall(r'"(\d+_\w+):(Launch\w+)"', cmake))
 
 
-def hopper_units() -> list[tuple[str, str, str]]:
-    """(kernel name, file stem, launcher) of every Hopper-only kernel of the
+def tensor_core_units() -> list[tuple[str, str, str]]:
+    """(kernel name, file stem, launcher) of every tensor-core kernel of the
     table with per-input units."""
     if not (_ffi.cuda_module_built() and (ROOT / "cmake" / "cuda.cmake").is_file()):
         return []
     launchers = per_input_launchers()
     units = []
     for kernel in _ffi.kernel_table("cuda"):
-        if not kernel.hopper_only:
-            continue
-        stem = next(s for s in launchers if int(s.split("_")[0]) == kernel.rung)
-        units.append((kernel.name, stem, launchers[stem]))
+        stem = next((s for s in launchers if int(s.split("_")[0]) == kernel.rung), None)
+        if kernel.tensor_cores and stem:
+            units.append((kernel.name, stem, launchers[stem]))
     return units
 
 
-def test_the_hopper_kernels_have_per_input_units():
+def test_the_tensor_core_kernels_have_per_input_units():
     """The list below is not empty where it can be built: a kernel table
-    without a Hopper kernel, or a renamed launcher, fails here, not by
-    skipping every compile."""
+    without them, or a renamed launcher, fails here, not by skipping every
+    compile."""
     if not _ffi.cuda_module_built():
         pytest.skip("this build has no CUDA module")
-    assert [name for name, _, _ in hopper_units()] == ["wgmma"]
+    assert [name for name, _, _ in tensor_core_units()] == ["mma", "wgmma"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
 @pytest.mark.parametrize("input_type", INPUT_TYPES)
-@pytest.mark.parametrize("name,stem,launcher", hopper_units(), ids=[u[0] for u in hopper_units()])
-def test_ptxas_issues_wgmma_back_to_back(tmp_path, name, stem, launcher, input_type):
+@pytest.mark.parametrize(
+    "name,stem,launcher", tensor_core_units(), ids=[u[0] for u in tensor_core_units()]
+)
+def test_ptxas_neither_serialises_nor_spills(tmp_path, name, stem, launcher, input_type):
     unit = tmp_path / f"{stem}_{input_type}.cu"
     unit.write_text(
         f'#include "cuda/kernels/{stem}.cuh"\n'
@@ -95,3 +98,45 @@ def test_ptxas_issues_wgmma_back_to_back(tmp_path, name, stem, launcher, input_t
     assert "C7511" not in report, f"{name} ({input_type}): ptxas serialises the wgmmas of " + (
         ", ".join(serialised) or report[-4000:]
     )
+    spilling = spills(report)
+    known = KNOWN_SPILLS.get((name, input_type))
+    unknown = [(f, n) for f, n in spilling if not (known and known in f)]
+    assert not unknown, f"{name} ({input_type}): ptxas spills in " + ", ".join(
+        f"{function} ({stores} bytes)" for function, stores in unknown
+    )
+    if known:
+        assert any(known in f for f, _ in spilling), f"{known} no longer spills: drop it here"
+
+
+# Spills found and not yet fixed, by unit: (kernel, input type) -> the part
+# of the spilling functions' mangled names that names them. mma's 3xTF32
+# small blocks (three an SM) with a stored (k, m) and b stored (n, k), copied
+# element by element (rows not 16-byte aligned): 4 to 8 bytes a thread, each
+# output type. On an H100 auto runs them only for such rows, which wgmma's
+# copy engine cannot read; before Hopper, wherever 3xTF32 takes small blocks.
+# Fixing it is a CUDA change to measure on a GPU (cpp/cuda/NOTES.md, "mma's
+# small 16-bit blocks, three an SM").
+KNOWN_SPILLS = {("mma", "float"): "MmaConfigIfLi2ELi2ELi32ELi32ELi16ELi4ELi3EEELb0ELb1ELb0ELb1E"}
+
+
+def spills(report: str) -> list[tuple[str, int]]:
+    """(function, bytes) of every function ptxas -v reports a spill store in:
+    "Compiling entry function 'F'", later its "N bytes spill stores"."""
+    found, function = [], None
+    for line in report.splitlines():
+        if entry := re.search(r"Compiling entry function '(\w+)'", line):
+            function = entry.group(1)
+        elif (stores := re.search(r"(\d+) bytes spill stores", line)) and int(stores.group(1)):
+            found.append((function, int(stores.group(1))))
+    return found
+
+
+def test_spills_reads_ptxas_reports():
+    """The reader above on a report of the spill it was written for (mma's
+    small 16-bit blocks at four an SM), and on a clean one."""
+    entry = "ptxas info    : Compiling entry function '_Z3mmav' for 'sm_90a'"
+    properties = "ptxas info    : Function properties for _Z3mmav"
+    spilled = "    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads"
+    clean = "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert spills("\n".join([entry, properties, spilled])) == [("_Z3mmav", 8)]
+    assert spills("\n".join([entry, properties, clean])) == []

@@ -18,7 +18,14 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import CUDA_TABLE, LAYOUTS, assert_matmul_close, bind_product, operands
+from helpers import (
+    CUDA_TABLE,
+    LAYOUTS,
+    assert_matmul_close,
+    assert_special_values_across_k,
+    bind_product,
+    operands,
+)
 from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
@@ -167,17 +174,7 @@ def test_special_values_in_one_part_reach_the_result(rng, kernel):
     the sum over the parts carries them as true arithmetic does."""
     m, n, k = 128, 96, 8192
     assert plan(kernel, (1, m, n, k)).split_groups > 1
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    a[0, k - 1] = np.inf
-    a[1, 0] = np.nan
-    a[2, k - 1], a[2, 0] = np.inf, -np.inf
-    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(jax_tiled.matmul(a, b, precision=HIGHEST, kernel=kernel), np.float64)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    infinite = np.isinf(want)
-    np.testing.assert_array_equal(got[infinite], want[infinite])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
+    assert_special_values_across_k(rng, m, n, k, kernel)
 
 
 @pytest.mark.usefixtures("on_gpu")

@@ -18,7 +18,15 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import CUDA_TABLE, LAYOUTS, assert_matmul_close, bind_product, operands, x64
+from helpers import (
+    CUDA_TABLE,
+    LAYOUTS,
+    assert_matmul_close,
+    assert_special_values_across_k,
+    bind_product,
+    operands,
+    x64,
+)
 from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
@@ -157,17 +165,7 @@ def test_special_values_reach_the_result(rng):
     on thin blocks with K cut: carried as true arithmetic does."""
     m, n, k = 16, 1024, 8192
     assert plan("warptile", (1, m, n, k)).split_groups > 1
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    a[0, k - 1] = np.inf
-    a[1, 0] = np.nan
-    a[2, k - 1], a[2, 0] = np.inf, -np.inf
-    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(jax_tiled.matmul(a, b, precision=HIGHEST), np.float64)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    infinite = np.isinf(want)
-    np.testing.assert_array_equal(got[infinite], want[infinite])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
+    assert_special_values_across_k(rng, m, n, k)
 
 
 @pytest.mark.usefixtures("on_gpu")
