@@ -53,6 +53,26 @@ def test_no_loss_exits_zero(tmp_path):
     assert compare(base, run).returncode == 0
 
 
+def test_a_directory_gives_the_newest_baseline_of_the_runs_device(tmp_path):
+    perf = tmp_path / "perf"
+    perf.mkdir()
+    for name, device, date, ratio in (
+        ("h100-old-baseline.json", "H100", "2026-11-24T00:00", 2.0),
+        ("h100-new-baseline.json", "H100", "2026-11-25T00:00", 1.0),
+        ("h200-baseline.json", "H200", "2026-11-26T00:00", 2.0),
+        ("h100-later-sweep.json", "H100", "2026-11-27T00:00", 2.0),
+    ):
+        run = json.loads(bench_json(perf / name, device, {"a": ratio}).read_text())
+        (perf / name).write_text(json.dumps({**run, "date": date}))
+    run = bench_json(tmp_path / "run.json", "H100", {"a": 0.99})
+    result = compare(perf, run)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == f"baseline: {perf / 'h100-new-baseline.json'}"
+    other = bench_json(tmp_path / "other.json", "A100", {"a": 1.0})
+    result = compare(perf, other)
+    assert result.returncode == 2 and "no baseline of 'A100'" in result.stderr
+
+
 def test_a_product_into_float32_is_its_own_row(tmp_path):
     """A --out-dtype row is matched with the same output's row only: not with the
     16-bit product's, and not with a baseline written before the field existed."""

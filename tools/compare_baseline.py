@@ -9,6 +9,12 @@ time moves between processes and machines. Every matched row that lost more
 than --threshold (default 3%) is printed as a regression and the exit status
 is 1; rows only in one file are listed. A different device is an error: the
 ratios of two cards say nothing about a change.
+
+    python tools/compare_baseline.py docs/perf run.json
+
+A directory in place of the baseline takes the newest of its *baseline*.json
+files (by the date of their run) measured on the run's device, and says
+which; none for that device is an error.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _dtype_label(row: dict) -> str:
@@ -63,6 +70,17 @@ def compare(baseline: dict, run: dict, threshold: float) -> tuple[list[str], boo
     return lines, regressed
 
 
+def newest_baseline(directory: Path, device: str | None) -> Path | None:
+    """The newest *baseline*.json in `directory`, by its run's date, measured on `device`."""
+    found = []
+    for path in directory.glob("*baseline*.json"):
+        with open(path) as f:
+            run = json.load(f)
+        if run.get("device") == device:
+            found.append((run.get("date", ""), path.name, path))
+    return max(found)[2] if found else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("baseline")
@@ -71,10 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         "--threshold", type=float, default=0.03, help="largest loss not flagged (0.03: 3%%)"
     )
     args = p.parse_args(argv)
-    with open(args.baseline) as f:
-        baseline = json.load(f)
     with open(args.run) as f:
         run = json.load(f)
+    if Path(args.baseline).is_dir():
+        picked = newest_baseline(Path(args.baseline), run.get("device"))
+        if picked is None:
+            print(f"no baseline of {run.get('device')!r} in {args.baseline}", file=sys.stderr)
+            return 2
+        print(f"baseline: {picked}")
+        args.baseline = str(picked)
+    with open(args.baseline) as f:
+        baseline = json.load(f)
     if baseline.get("device") != run.get("device"):
         print(
             f"different devices: {baseline.get('device')!r} and {run.get('device')!r}",

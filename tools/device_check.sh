@@ -10,12 +10,13 @@
 #          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
 #          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
-#          [BASELINE=docs/perf/<baseline>.json] tools/device_check.sh [bench args...]
+#          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
 # the kernels --accuracy measures (default: auto, what users get); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them), or
 # TEST_SHARD=i/n every n-th test file from the i-th (n calls, i = 1..n, make
-# the whole suite).
+# the whole suite). BASELINE=docs/perf compares with the newest baseline of
+# this run's GPU there (tools/compare_baseline.py).
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
 # workers, so split the steps over calls made back to back (the machine stays
 # warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
