@@ -233,3 +233,44 @@ def test_the_model_predicted_the_parts_laid_along_k(name, k):
     measured_error, measured_bias = sums.MEASURED_DESIGNS[name, k, "positive"]
     assert error == pytest.approx(measured_error, rel=0.1)
     assert bias == pytest.approx(measured_bias, rel=0.1)
+
+
+def load_ab_bench():
+    return load_repository_module("tools/ab_bench.py")
+
+
+def test_ab_bench_sets_each_rows_rounds_side_by_side():
+    ab = load_ab_bench()
+
+    def run(ours, peer):
+        common = {"shape": "4096^3", "dtype": "bfloat16", "precision": "default"}
+        chain = {"form": "scan", "size": 128, "dtype": "float32", "precision": "default"}
+        return {
+            "rows": [
+                {**common, "kernel": "jnp.matmul", "ms": peer},
+                {**common, "kernel": "auto", "ms": ours},
+                {**common, "out_dtype": "float32", "kernel": "auto", "ms": 2 * ours},
+                {**chain, "kernel": "auto", "ms": 9.0, "us_per_product": ours * 10},
+            ]
+        }
+
+    runs = {
+        ("after", 1): run(0.18, 0.19),
+        ("before", 1): run(0.2, 0.21),
+        ("after", 2): run(0.17, 0.2),
+    }
+    lines = ab.summarize(runs)
+    assert (
+        lines[0] == "row | round 1: after / before | round 2: after / before | jnp (after / before)"
+    )
+    assert lines[1] == "4096^3 bfloat16 default | 0.18 / 0.2 | 0.17 / - | 0.19 / 0.21, 0.2 / -"
+    assert lines[2].startswith("4096^3 bfloat16->float32 default | 0.36 / 0.4 | 0.34 / - | ")
+    assert lines[3].startswith("scan 128 float32 default | 1.8 / 2 | 1.7 / - | ")
+    assert len(lines) == 4
+
+
+def test_ab_bench_refuses_a_directory_that_is_not_a_build(tmp_path, capsys):
+    ab = load_ab_bench()
+    with pytest.raises(SystemExit):
+        ab.main([str(tmp_path), "--no-build", "--", "--shapes", "4096^3"])
+    assert "holds no pyproject.toml" in capsys.readouterr().err
