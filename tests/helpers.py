@@ -281,6 +281,17 @@ def assert_special_values_across_k(rng, m, n, k, kernel="auto"):
     assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
 
 
+def errors_beside_jnp(a, b, precision=HIGHEST) -> dict:
+    """{"ours": ..., "jnp": ...}: the relative Frobenius error against float64
+    of jax_tiled.matmul's product of a and b and of jnp.matmul's."""
+    want = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    errors = {}
+    for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
+        got = np.asarray(product(a, b, precision=precision), np.float64)
+        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    return errors
+
+
 def relative_norm_error(out, a_op, b_op) -> float:
     """Relative Frobenius error of out against the float64 product op(a) @ op(b)."""
     ref = np.matmul(np.asarray(a_op, np.float64), np.asarray(b_op, np.float64))

@@ -24,6 +24,7 @@ from helpers import (
     assert_matmul_close,
     assert_special_values_across_k,
     bind_product,
+    errors_beside_jnp,
     operands,
 )
 from jax_tiled import _ffi
@@ -187,9 +188,5 @@ def test_long_k_no_less_accurate_than_jnp(rng):
     a = rng.uniform(0.5, 1.5, (m, k)).astype(np.float32)
     b = rng.uniform(0.5, 1.5, (k, n)).astype(np.float32)
     assert "parts, a block each" in jax_tiled.explain(a, b, precision=HIGHEST).plan
-    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    errors = {}
-    for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
-        got = np.asarray(product(a, b, precision=HIGHEST), np.float64)
-        errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    errors = errors_beside_jnp(a, b)
     assert errors["ours"] <= errors["jnp"], errors
