@@ -262,6 +262,18 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     )
 
 
+def highest_plan(kernel, shape, dtype=F32, out_dtype=None, multiprocessors=None):
+    """The CUDA plan of `kernel` at HIGHEST for (batch, m, n, k) `shape`, both
+    operands of the batch and untransposed (no GPU needed; multiprocessors
+    default: the first CUDA device's, an H100's without one)."""
+    batch, m, n, k = shape
+    out_dtype = dtype if out_dtype is None else out_dtype
+    problem = (batch, batch, m, n, k, False, False)
+    return _ffi.cuda_plan(
+        kernel, dtype, out_dtype, problem, HIGHEST, multiprocessors=multiprocessors
+    )
+
+
 def assert_special_values_across_k(rng, m, n, k, kernel="auto"):
     """inf at the end of row 0's K, NaN at the start of row 1's, inf - inf
     across row 2's (so across the parts where K is cut): the product at

@@ -25,6 +25,7 @@ from helpers import (
     assert_special_values_across_k,
     bind_product,
     errors_beside_jnp,
+    highest_plan,
     operands,
 )
 from jax_tiled import _ffi
@@ -42,18 +43,6 @@ SHAPES = [(1, 72, 40, 4100), (3, 65, 130, 3000), (1, 200, 136, 40000)]
 WHOLE_K = (1, 72, 40, 300)  # K too short to cut: two parts would be under 256 deep
 
 
-def problem(shape, ta=False, tb=False):
-    batch, m, n, k = shape
-    return (batch, batch, m, n, k, ta, tb)
-
-
-def plan(kernel, shape, dtype=np.float32, out_dtype=None, multiprocessors=None):
-    out_dtype = dtype if out_dtype is None else out_dtype
-    return _ffi.cuda_plan(
-        kernel, dtype, out_dtype, problem(shape), HIGHEST, multiprocessors=multiprocessors
-    )
-
-
 def splitting_kernels():
     """The listed kernels whose plan cuts K into parts of a block each: the
     SIMT kernels that plan so, from the kernel table."""
@@ -64,7 +53,7 @@ def splitting_kernels():
         for k in CUDA_TABLE
         if not k.tensor_cores
         and "float32" in k.inputs
-        and (found := plan(k.name, SHAPES[0])) is not None
+        and (found := highest_plan(k.name, SHAPES[0])) is not None
         and found.split_k == 1
         and found.split_groups > 1
     ]
@@ -97,25 +86,25 @@ def test_the_simt_kernels_of_auto_cut_k():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_parts_only_where_tiles_leave_sms_idle(kernel):
     h100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
-    counts = [plan(kernel, shape, **h100).split_groups for shape in SHAPES]
+    counts = [highest_plan(kernel, shape, **h100).split_groups for shape in SHAPES]
     assert counts == [16, 8, 32], counts
-    two_tiles = plan(kernel, SHAPES[0], **h100)
+    two_tiles = highest_plan(kernel, SHAPES[0], **h100)
     assert (two_tiles.block_m, two_tiles.block_n, two_tiles.split_k) == (64, 64, 1)
     assert two_tiles.text.endswith(
         "K split in 16 parts, a block each (partial sums added in part order from scratch "
         "by a second kernel)"
     ), two_tiles.text
-    assert plan(kernel, WHOLE_K, **h100).split_groups == 1
+    assert highest_plan(kernel, WHOLE_K, **h100).split_groups == 1
     # 128 x 128 blocks that fill the GPU twice over: K whole.
-    square = plan(kernel, (1, 4096, 4096, 4096), **h100)
+    square = highest_plan(kernel, (1, 4096, 4096, 4096), **h100)
     assert (square.block_m, square.split_groups) == (128, 1), square
     # 64 x 64 blocks that fill the GPU: K whole; fewer SMs hold fewer parts.
-    assert plan(kernel, (1, 1024, 2048, 8192), **h100).split_groups == 1
-    assert plan(kernel, SHAPES[2], multiprocessors=36).split_groups == 8
+    assert highest_plan(kernel, (1, 1024, 2048, 8192), **h100).split_groups == 1
+    assert highest_plan(kernel, SHAPES[2], multiprocessors=36).split_groups == 8
     # The parts' blocks fit the GPU at once (4 small blocks an SM), and
     # each part is at least 256 deep.
     for batch, m, n, k in SHAPES:
-        parts = plan(kernel, (batch, m, n, k), **h100).split_groups
+        parts = highest_plan(kernel, (batch, m, n, k), **h100).split_groups
         tiles = batch * -(-m // 64) * -(-n // 64)
         assert tiles * parts <= 4 * _ffi.H100_MULTIPROCESSORS and k // parts >= 256
 
@@ -125,7 +114,7 @@ def test_no_parts_for_double_accumulators():
     """float64 products keep K whole: a thread's 64 double accumulators
     leave no registers for the parts (ptxas spilled)."""
     for dtype, out in (("float64", "float64"), ("float32", "float64")):
-        assert plan("warptile", SHAPES[0], dtype, out).split_groups == 1
+        assert highest_plan("warptile", SHAPES[0], dtype, out).split_groups == 1
 
 
 @needs_cuda_module
@@ -146,7 +135,7 @@ def test_auto_explains_the_parts():
 @pytest.mark.gpu
 def test_every_layout_against_float64(rng, kernel, shape):
     batch, m, n, k = shape
-    assert plan(kernel, shape).split_groups > 1
+    assert highest_plan(kernel, shape).split_groups > 1
     for dtype, out_dtype in kernel_products(kernel):
         for ta, tb in LAYOUTS:
             a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, np.dtype(dtype), batch, batch)
@@ -174,7 +163,7 @@ def test_special_values_in_one_part_reach_the_result(rng, kernel):
     """inf in the last part's K, NaN in the first's, inf - inf across parts:
     the sum over the parts carries them as true arithmetic does."""
     m, n, k = 128, 96, 8192
-    assert plan(kernel, (1, m, n, k)).split_groups > 1
+    assert highest_plan(kernel, (1, m, n, k)).split_groups > 1
     assert_special_values_across_k(rng, m, n, k, kernel)
 
 

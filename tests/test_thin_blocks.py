@@ -25,6 +25,7 @@ from helpers import (
     assert_special_values_across_k,
     bind_product,
     errors_beside_jnp,
+    highest_plan,
     operands,
     x64,
 )
@@ -36,6 +37,7 @@ needs_cuda_module = pytest.mark.skipif(
     not _ffi.cuda_module_built(), reason="this build has no CUDA module"
 )
 THIN = (32, 128)  # rows x columns of a thin block
+H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
 
 # (batch, m, n, k): one row; the decode-step sizes the user shapes have
 # (K cut into parts: 16 x 8192 x 8192 is 64 blocks for 132 SMs); a batch off
@@ -49,18 +51,6 @@ SHAPES = [
 ]
 
 
-def plan(kernel, shape, dtype=np.float32, out_dtype=None):
-    batch, m, n, k = shape
-    return _ffi.cuda_plan(
-        kernel,
-        dtype,
-        dtype if out_dtype is None else out_dtype,
-        (batch, batch, m, n, k, False, False),
-        HIGHEST,
-        multiprocessors=_ffi.H100_MULTIPROCESSORS,
-    )
-
-
 def warptile_products():
     """(dtype, out_dtype) pairs warptile takes, from the kernel table."""
     if not _ffi.cuda_module_built():
@@ -72,24 +62,24 @@ def warptile_products():
 @needs_cuda_module
 def test_thin_blocks_for_at_most_32_rows():
     for m in (1, 16, 32):
-        found = plan("warptile", (1, m, 4096, 4096))
+        found = highest_plan("warptile", (1, m, 4096, 4096), **H100)
         assert (found.block_m, found.block_n) == THIN, (m, found)
         assert found.text.startswith("32 x 128 tiles"), found.text
-    assert plan("warptile", (1, 33, 4096, 4096)).block_m == 64
+    assert highest_plan("warptile", (1, 33, 4096, 4096), **H100).block_m == 64
     # pipelined has no thin blocks: its 64-row ones, as before.
-    assert plan("pipelined", (1, 16, 4096, 4096)).block_m == 64
+    assert highest_plan("pipelined", (1, 16, 4096, 4096), **H100).block_m == 64
 
 
 @needs_cuda_module
 def test_thin_blocks_cut_k_to_fill_the_sms():
     """16 x 8192 x 8192: 64 thin blocks for 132 SMs, so K is cut; the parts'
     blocks fit the GPU at once (4 an SM) and each part is at least 256 deep."""
-    found = plan("warptile", (1, 16, 8192, 8192))
+    found = highest_plan("warptile", (1, 16, 8192, 8192), **H100)
     tiles = 8192 // THIN[1]
     assert found.split_groups > 1, found
     assert tiles * found.split_groups <= 4 * _ffi.H100_MULTIPROCESSORS, found
     assert 8192 // found.split_groups >= 256, found
-    assert plan("warptile", (1, 16, 8192, 300)).split_groups == 1
+    assert highest_plan("warptile", (1, 16, 8192, 300), **H100).split_groups == 1
 
 
 @needs_cuda_module
@@ -97,7 +87,7 @@ def test_no_thin_blocks_for_double_sums():
     """A thin block's 64 double sums a thread spill beside its staged copies
     (ptxas): float64 products keep the 64-row blocks."""
     for dtype, out in (("float64", "float64"), ("float32", "float64")):
-        assert plan("warptile", (1, 16, 4096, 4096), dtype, out).block_m == 64
+        assert highest_plan("warptile", (1, 16, 4096, 4096), dtype, out, **H100).block_m == 64
 
 
 @needs_cuda_module
@@ -165,7 +155,7 @@ def test_special_values_reach_the_result(rng):
     """inf in the last part's K, NaN in the first's, inf - inf across parts,
     on thin blocks with K cut: carried as true arithmetic does."""
     m, n, k = 16, 1024, 8192
-    assert plan("warptile", (1, m, n, k)).split_groups > 1
+    assert highest_plan("warptile", (1, m, n, k), **H100).split_groups > 1
     assert_special_values_across_k(rng, m, n, k)
 
 

@@ -31,6 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from compare_baseline import dtype_label  # noqa: E402  (a sibling script, not a package)
+
 BUILDS = ("after", "before")
 
 
@@ -70,8 +73,7 @@ def run_bench(args: list[str], before: Path | None, json_path: Path, timeout: fl
 def row_label(row: dict) -> str:
     """What a row measures: a product's shape, a chain's form and size, or a
     training step's width and tokens; then its dtypes and precision."""
-    out = row.get("out_dtype")
-    dtype = f"{row['dtype']}->{out}" if out else row["dtype"]
+    dtype = dtype_label(row)
     if "form" in row:
         head = f"{row['form']} {row['size']}"
     elif "width" in row:

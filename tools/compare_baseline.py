@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 
-def _dtype_label(row: dict) -> str:
+def dtype_label(row: dict) -> str:
+    """A row's dtype, "bfloat16->float32" for a product into another dtype."""
     out = row.get("out_dtype")
     return f"{row['dtype']}->{out}" if out else row["dtype"]
 
@@ -35,7 +36,7 @@ def rows_by_key(run: dict) -> dict:
     kernel); the dtype is "bfloat16->float32" for products into another dtype
     (--out-dtype; runs before it have no out_dtype)."""
     return {
-        (r["shape"], _dtype_label(r), r["precision"], r["kernel"]): r
+        (r["shape"], dtype_label(r), r["precision"], r["kernel"]): r
         for r in run["rows"]
         if r.get("ratio") is not None
     }
