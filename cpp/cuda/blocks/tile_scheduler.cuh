@@ -33,6 +33,7 @@ struct WorkUnit {
 template <int kBlockM, int kBlockN, int kClusterM, int kSlabDepth>
 struct PersistentTileScheduler {
   using Order = TileOrder<kBlockM * kClusterM, kBlockN>;
+  static constexpr bool kOneUnitABlock = false;
   int64_t next;
 
   __device__ __forceinline__ PersistentTileScheduler() : next(blockIdx.x / kClusterM) {}
@@ -71,6 +72,7 @@ struct PersistentTileScheduler {
 template <int kBlockM, int kBlockN, int kSlabDepth>
 struct SplitKTileScheduler {
   using Order = TileOrder<kBlockM, kBlockN>;
+  static constexpr bool kOneUnitABlock = true;  // an epilogue may reuse the stages
   bool taken = false;
 
   __device__ __forceinline__ static int Rank() { return 0; }

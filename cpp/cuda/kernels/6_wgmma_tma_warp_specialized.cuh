@@ -101,10 +101,11 @@ using WgmmaNarrow = WgmmaConfig<128, 6>;
 // would multiply padding.
 using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
-// Split K: 128 x 128 tiles, 4 stages of 32 KB, and 68 KB for the partial
-// sums; where B is split into hi and lo, 3 stages of 48 KB.
-using WgmmaSplitK = WgmmaConfig<128, 4, 1, true>;
-using WgmmaSplitKRewritingB = WgmmaConfig<128, 3, 1, true>;
+// Split K: 128 x 128 tiles, 6 stages of 32 KB; where B is split into hi and
+// lo, 4 stages of 48 KB. The partial sums' 68 KB lie over the stages
+// (ClusterReduceEpilogue::kOverStages).
+using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
+using WgmmaSplitKRewritingB = WgmmaConfig<128, 4, 1, true>;
 
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
@@ -505,13 +506,15 @@ struct WgmmaConsumer {
 // per 8 columns, a thread holds rows r and r + 8 (r = 16 * warp + lane / 4),
 // columns 2 * (lane % 4) + {0, 1}. An epilogue is a struct of this shape:
 // Params (its kernel argument) and ParamsFor, kSharedBytes (its shared
-// memory, past the stages), Store (by the consumers, per unit), Finish (by
+// memory, past the stages, or over them where kOverStages), Store (by the
+// consumers, per unit), Finish (by
 // the consumers once their units are done) and Join (by the producer
 // warpgroup once its copies are issued: its part in any block barriers the
 // epilogue needs); on the host, Prepare (scratch for the params, before the
 // kernel) and FixUp (work after it, on the same stream), which
 // EpilogueInOneKernel has do nothing.
 struct EpilogueInOneKernel {
+  static constexpr bool kOverStages = false;
   template <class Params>
   static cudaError_t Prepare(Params&, const MatmulDims&, const LaunchPlan&, const LaunchContext&) {
     return cudaSuccess;
@@ -714,6 +717,13 @@ struct ClusterReduceEpilogue {
   static constexpr int kSharedBytes = Cfg::kBlockM * kPitch * sizeof(float);
   static constexpr int kChunks = Cfg::kBlockN / 8;  // of eight columns, per row
   static constexpr int kSlotFloats = Cfg::kBlockM * Cfg::kBlockN;
+  // The partial sums lie over the stages: the scheduler gives a block one
+  // unit, so once both consumer warpgroups' wgmmas have retired no stage is
+  // read or written again (every slab the producer copied has been consumed),
+  // and the stages' shared memory goes to more slabs in flight instead.
+  static constexpr bool kOverStages = true;
+  // The consumer warpgroups' barrier (bar.sync 0 is the whole block's).
+  static constexpr int kConsumersBarrier = 1;
 
   // The two cluster barriers, which every thread of the cluster passes.
   __device__ __forceinline__ static void Join() {
@@ -742,6 +752,9 @@ struct ClusterReduceEpilogue {
                                                const Params& params, const MatmulDims& dims,
                                                const WorkUnit& unit, uint8_t* shared) {
     float* const partials = reinterpret_cast<float*>(shared);
+    // Both warpgroups' wgmmas retired (Mainloop waited on its own): the other
+    // group may still be reading the stage these writes overwrite.
+    hopper::NamedBarrierSync(kConsumersBarrier, 128 * Cfg::kConsumers);
     const int lane = consumer.lane;
     const int row = consumer.a_rows + 16 * consumer.warp + lane / 4;
 #pragma unroll
@@ -861,6 +874,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 const __grid_constant__ CUtensorMap b_map, MatmulDims dims,
                 const __grid_constant__ typename Epilogue::Params out) {
 #if JAX_TILED_SM90A
+  static_assert(!Epilogue::kOverStages || Scheduler::kOneUnitABlock,
+                "the stages are free for an epilogue only after a block's last unit");
   using Producer = WgmmaProducer<Cfg, Ops, Scheduler>;
   extern __shared__ uint8_t shared_raw[];
   const WgmmaStages<Cfg, Ops> stages(shared_raw);
@@ -882,7 +897,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       consumer.Mainloop(stages, unit);
-      Epilogue::Store(consumer, out, dims, unit, stages.Epilogue());
+      Epilogue::Store(consumer, out, dims, unit,
+                      Epilogue::kOverStages ? stages.A(0) : stages.Epilogue());
     }
     Epilogue::Finish();
   }
@@ -1036,11 +1052,18 @@ using WgmmaEpilogue = std::conditional_t<
     std::conditional_t<Ops::kTransposedOut && sizeof(Out) == 2,
                        WgmmaRegisterEpilogue<Cfg, Ops, Out>, WgmmaTmaStoreEpilogue<Cfg, Ops, Out>>>;
 
-// A kernel's shared memory: its stages and barriers, then its epilogue's.
+// A kernel's shared memory: its stages and barriers, then its epilogue's
+// (none more where the epilogue's lies over the stages).
 template <class Cfg, class Ops, class Out>
-inline constexpr int kWgmmaSharedBytes =
-    WgmmaTiles<Cfg, Ops>::kSharedBytes + WgmmaTiles<Cfg, Ops>::kEpilogueAlignment +
-    WgmmaEpilogue<Cfg, Ops, Out>::kSharedBytes;
+inline constexpr int kWgmmaSharedBytes = [] {
+  using Tiles = WgmmaTiles<Cfg, Ops>;
+  using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
+  static_assert(!Epilogue::kOverStages ||
+                    Epilogue::kSharedBytes <= Cfg::kStages * Tiles::kStageBytes,
+                "an epilogue over the stages fits in them");
+  if constexpr (Epilogue::kOverStages) return Tiles::kSharedBytes;
+  else return Tiles::kSharedBytes + Tiles::kEpilogueAlignment + Epilogue::kSharedBytes;
+}();
 
 template <class Cfg, class Ops, class Out>
 cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
