@@ -109,14 +109,8 @@ def test_ptxas_neither_serialises_nor_spills(tmp_path, name, stem, launcher, inp
 
 
 # Spills found and not yet fixed, by unit: (kernel, input type) -> the part
-# of the spilling functions' mangled names that names them. mma's 3xTF32
-# small blocks (three an SM) with a stored (k, m) and b stored (n, k), copied
-# element by element (rows not 16-byte aligned): 4 to 8 bytes a thread, each
-# output type. On an H100 auto runs them only for such rows, which wgmma's
-# copy engine cannot read; before Hopper, wherever 3xTF32 takes small blocks.
-# Fixing it is a CUDA change to measure on a GPU (cpp/cuda/NOTES.md, "mma's
-# small 16-bit blocks, three an SM").
-KNOWN_SPILLS = {("mma", "float"): "MmaConfigIfLi2ELi2ELi32ELi32ELi16ELi4ELi3EEELb0ELb1ELb0ELb1E"}
+# of the spilling functions' mangled names that names them. None now.
+KNOWN_SPILLS: dict[tuple[str, str], str] = {}
 
 
 def spills(report: str) -> list[tuple[str, int]]:

@@ -540,15 +540,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // registers for (128 + 128 of 255), so its large blocks are the same 128 x 128
 // as 2 x 4 warps of 64 x 32, one 256-thread block per SM (the same 8 warps
 // per SM, and up to 255 registers each); its small ones keep their shape,
-// three to an SM rather than four (up to 168 registers rather than 128).
-// 16-bit inputs' small blocks too are three to an SM: at 128 registers ptxas
+// two to an SM rather than four (up to 255 registers rather than 128: at
+// three, 168, ptxas spilled 4 to 8 bytes a thread where a is stored (k, m), b
+// (n, k), and the rows are copied element by element).
+// 16-bit inputs' small blocks are three to an SM: at 128 registers ptxas
 // spilled 8 bytes a thread in three of their four layouts, and they run the
 // small products of lax.scan chains, at most one block an SM (SmallForMma).
 template <class In, bool kSplit = false>
 using MmaLarge =
     MmaConfig<In, 2, kSplit ? 4 : 2, 64, kSplit ? 32 : 64, 64 / sizeof(In), 4, kSplit ? 1 : 2>;
 template <class In, bool kSplit = false>
-using MmaSmall = MmaConfig<In, 2, 2, 32, 32, 64 / sizeof(In), 4, kSplit || sizeof(In) == 2 ? 3 : 4>;
+using MmaSmall = MmaConfig<In, 2, 2, 32, 32, 64 / sizeof(In), 4,
+                           kSplit            ? 2
+                           : sizeof(In) == 2 ? 3
+                                             : 4>;
 
 // The block shapes do not depend on the input type, nor on kSplit.
 inline bool MmaUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
