@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds must be at least 1")
     if not (args.before / "pyproject.toml").is_file():
         p.error(f"{args.before} holds no pyproject.toml: not the sources of a build")
+    # pip reads a bare relative name ("ab_before") as a package to download.
+    args.before = args.before.resolve()
     args.out = args.out.resolve()  # the benchmark runs elsewhere (off the source tree)
     args.out.mkdir(parents=True, exist_ok=True)
     before_target = Path(tempfile.gettempdir()) / "jax_tiled_ab_before"
