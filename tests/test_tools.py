@@ -248,6 +248,7 @@ def test_ab_bench_sets_each_rows_rounds_side_by_side():
         return {
             "rows": [
                 {**common, "kernel": "jnp.matmul", "ms": peer},
+                {**common, "kernel": "pallas", "ms": peer},  # a second peer: no row of its own
                 {**common, "kernel": "auto", "ms": ours},
                 {**common, "out_dtype": "float32", "kernel": "auto", "ms": 2 * ours},
                 {**chain, "kernel": "auto", "ms": 9.0, "us_per_product": ours * 10},
@@ -267,6 +268,18 @@ def test_ab_bench_sets_each_rows_rounds_side_by_side():
     assert lines[2].startswith("4096^3 bfloat16->float32 default | 0.36 / 0.4 | 0.34 / - | ")
     assert lines[3].startswith("scan 128 float32 default | 1.8 / 2 | 1.7 / - | ")
     assert len(lines) == 4
+
+
+def test_ab_bench_summarizes_the_jsons_of_a_run_cut_short(tmp_path, capsys):
+    ab = load_ab_bench()
+    row = {"shape": "1024^3", "dtype": "float32", "precision": "default", "kernel": "auto"}
+    for name, r, ms in (("after", 1, 0.02), ("before", 1, 0.03), ("after", 2, 0.025)):
+        (tmp_path / f"ab_{name}_{r}.json").write_text(json.dumps({"rows": [{**row, "ms": ms}]}))
+    (tmp_path / "ab_other_1.json").write_text("not a bench JSON")  # not one of the builds
+    assert ab.main(["unused", "--summarize", "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "1024^3 float32 default | 0.02 / 0.03 | 0.025 / - | - / -, - / -"
+    assert ab.main(["unused", "--summarize", "--out", str(tmp_path / "empty")]) == 1
 
 
 def test_ab_bench_refuses_a_directory_that_is_not_a_build(tmp_path, capsys):

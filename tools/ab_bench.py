@@ -16,7 +16,8 @@ measured up to 8% between processes). A round whose process fails or passes
 `--timeout` seconds is reported and left out; `--chain` and `--train-step`
 runs take about 100 s a process. `--no-build` reuses both builds (they
 are built as CMAKE_ARGS says: -DCMAKE_CUDA_ARCHITECTURES=90a for Hopper only).
-The JSON of each process lands in --out (default $OUT, else ./ab_out).
+The JSON of each process lands in --out (default $OUT, else ./ab_out);
+`--summarize` prints the summary of the JSONs there (of a call cut short).
 """
 
 from __future__ import annotations
@@ -99,9 +100,12 @@ def summarize(runs: dict) -> list[str]:
     (build, round) to a bench JSON's contents; a missing one shows as '-'."""
     rounds = sorted({r for _, r in runs})
     per = {key: times(run) for key, run in runs.items()}
-    rows = []
-    for found in per.values():
-        rows += [label for label, kernel in found if kernel != "jnp.matmul" and label not in rows]
+    # Our rows once each, in the order the runs list them (not the peers').
+    rows = list(
+        dict.fromkeys(
+            label for found in per.values() for label, kernel in found if kernel == "auto"
+        )
+    )
 
     def at(build, r, label, kernel):
         value = per.get((build, r), {}).get((label, kernel))
@@ -121,6 +125,17 @@ def summarize(runs: dict) -> list[str]:
     return lines
 
 
+def load_runs(out: Path) -> dict:
+    """{(build, round): bench JSON} of the processes whose JSON is in `out`."""
+    runs = {}
+    for path in sorted(out.glob("ab_*_*.json")):
+        name, _, r = path.stem.removeprefix("ab_").rpartition("_")
+        if name in BUILDS and r.isdigit():
+            with open(path) as f:
+                runs[(name, int(r))] = json.load(f)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     bench_args = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -131,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=240.0, help="seconds a benchmark process")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "ab_out")))
     p.add_argument("--no-build", action="store_true", help="reuse both builds")
+    p.add_argument(
+        "--summarize",
+        action="store_true",
+        help="only print the summary of the JSONs already in --out (a run cut short)",
+    )
     args = p.parse_args(own)
+    if args.summarize:
+        runs = load_runs(args.out)
+        print("\n".join(summarize(runs)) if runs else f"no ab_*_*.json in {args.out}")
+        return 0 if runs else 1
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     if not (args.before / "pyproject.toml").is_file():
