@@ -73,6 +73,32 @@ def test_a_directory_gives_the_newest_baseline_of_the_runs_device(tmp_path):
     assert result.returncode == 2 and "no baseline of 'A100'" in result.stderr
 
 
+def test_the_baselines_arguments_for_a_run_of_the_same_rows(tmp_path):
+    perf = tmp_path / "perf"
+    perf.mkdir()
+    argv = ["--kernels", "auto", "--json", "/x/b.json", "--shapes", "4096^3,a b", "--plot", "p.png"]
+    for name, device, date in (
+        ("h200-baseline.json", "NVIDIA H200", "2026-11-26T00:00"),
+        ("h200-old-baseline.json", "NVIDIA H200", "2026-11-20T00:00"),
+    ):
+        run = json.loads(bench_json(perf / name, device, {"a": 1.0}).read_text())
+        old = name.startswith("h200-old")
+        (perf / name).write_text(json.dumps({**run, "date": date, "argv": [] if old else argv}))
+    found = subprocess.run(
+        [sys.executable, str(SCRIPT), str(perf), "--args-for", "NVIDIA H200"],
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "--kernels auto --shapes '4096^3,a b'"
+    none = subprocess.run(
+        [sys.executable, str(SCRIPT), str(perf), "--args-for", "NVIDIA A100"],
+        capture_output=True,
+        text=True,
+    )
+    assert none.returncode == 2 and "no baseline of 'NVIDIA A100'" in none.stderr
+
+
 def test_a_product_into_float32_is_its_own_row(tmp_path):
     """A --out-dtype row is matched with the same output's row only: not with the
     16-bit product's, and not with a baseline written before the field existed."""

@@ -15,12 +15,19 @@ ratios of two cards say nothing about a change.
 A directory in place of the baseline takes the newest of its *baseline*.json
 files (by the date of their run) measured on the run's device, and says
 which; none for that device is an error.
+
+    python tools/compare_baseline.py docs/perf --args-for "NVIDIA H200"
+
+prints the benchmark arguments of that device's baseline (less its --json
+and --plot), shell-quoted, for a run that measures the same rows
+(tools/device_check.sh uses them where it is given none).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -82,25 +89,45 @@ def newest_baseline(directory: Path, device: str | None) -> Path | None:
     return max(found)[2] if found else None
 
 
+def bench_args(baseline: dict) -> list[str]:
+    """The baseline run's own benchmark arguments, less where it wrote its files."""
+    args, argv = [], iter(baseline.get("argv", []))
+    for arg in argv:
+        if arg in ("--json", "--plot"):
+            next(argv, None)
+        else:
+            args.append(arg)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("baseline")
-    p.add_argument("run")
+    p.add_argument("run", nargs="?")
     p.add_argument(
         "--threshold", type=float, default=0.03, help="largest loss not flagged (0.03: 3%%)"
     )
+    p.add_argument("--args-for", metavar="DEVICE", help="print the baseline's bench arguments")
     args = p.parse_args(argv)
-    with open(args.run) as f:
-        run = json.load(f)
+    if (args.run is None) == (args.args_for is None):
+        p.error("give a run to compare, or --args-for DEVICE")
+    run = {"device": args.args_for}
+    if args.run:
+        with open(args.run) as f:
+            run = json.load(f)
     if Path(args.baseline).is_dir():
         picked = newest_baseline(Path(args.baseline), run.get("device"))
         if picked is None:
             print(f"no baseline of {run.get('device')!r} in {args.baseline}", file=sys.stderr)
             return 2
-        print(f"baseline: {picked}")
+        if args.args_for is None:
+            print(f"baseline: {picked}")
         args.baseline = str(picked)
     with open(args.baseline) as f:
         baseline = json.load(f)
+    if args.args_for is not None:
+        print(shlex.join(bench_args(baseline)))
+        return 0
     if baseline.get("device") != run.get("device"):
         print(
             f"different devices: {baseline.get('device')!r} and {run.get('device')!r}",

@@ -16,7 +16,8 @@
 # pytest paths, relative to the repository (default: tests, all of them), or
 # TEST_SHARD=i/n every n-th test file from the i-th (n calls, i = 1..n, make
 # the whole suite). BASELINE=docs/perf compares with the newest baseline of
-# this run's GPU there (tools/compare_baseline.py).
+# this run's GPU there (tools/compare_baseline.py); given no bench args, the
+# bench then runs with that baseline's own.
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
 # workers, so split the steps over calls made back to back (the machine stays
 # warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
@@ -139,7 +140,17 @@ if [[ " $steps " == *" sanitize "* ]]; then
 fi
 
 if [[ " $steps " == *" bench "* ]]; then
-  python3 -m jax_tiled.bench "$@" --json "$OUT/bench.json" \
+  bench_args=("$@")
+  # No arguments and a baseline: the baseline's own, so the run measures its
+  # rows (without them the benchmark's default is every kernel, for minutes).
+  if [[ $# -eq 0 && -n "${BASELINE:-}" ]]; then
+    kind=$(python3 -c "import jax; print(jax.devices()[0].device_kind)")
+    if line=$(python3 "$repo/tools/compare_baseline.py" "$repo/$BASELINE" --args-for "$kind"); then
+      eval "bench_args=($line)"
+      note "bench: the arguments of $kind's baseline in $BASELINE: $line"
+    fi
+  fi
+  python3 -m jax_tiled.bench "${bench_args[@]}" --json "$OUT/bench.json" \
     --plot "$OUT/bench.png" >"$OUT/bench.log" 2>"$OUT/bench.err"
   note "bench: rc=$?"
   cat "$OUT/bench.log"
