@@ -313,3 +313,18 @@ def test_ab_bench_refuses_a_directory_that_is_not_a_build(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab.main([str(tmp_path), "--no-build", "--", "--shapes", "4096^3"])
     assert "holds no pyproject.toml" in capsys.readouterr().err
+
+
+def test_test_shards_deal_every_file_once_by_its_time(tmp_path):
+    shards_tool = load_repository_module("tools/test_shards.py")
+    seconds = {"test_a.py": 100.0, "test_b.py": 60.0, "test_c.py": 50.0, "test_d.py": 10.0}
+    files = [*seconds, "test_new.py"]  # not in the table: the median, 55 s
+    dealt = shards_tool.shards(files, seconds, 2)
+    assert sorted(f for shard in dealt for f in shard) == sorted(files)
+    assert dealt == [["test_a.py", "test_c.py"], ["test_b.py", "test_d.py", "test_new.py"]]
+    times = tmp_path / "test_times.tsv"
+    times.write_text("1.5\tpassed\ttests/test_a.py::x[1]\n2.0\tfailed\ttests/test_a.py::y\n")
+    assert shards_tool.file_seconds([times]) == {"test_a.py": 3.5}
+    # The repository's own table names every test file it deals.
+    table = shards_tool.read_table(shards_tool.TABLE)
+    assert set(table) <= {f.name for f in (shards_tool.ROOT / "tests").glob("test_*.py")}

@@ -14,8 +14,10 @@
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
 # the kernels --accuracy measures (default: auto, what users get); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them), or
-# TEST_SHARD=i/n every n-th test file from the i-th (n calls, i = 1..n, make
-# the whole suite). BASELINE=docs/perf compares with the newest baseline of
+# TEST_SHARD=i/n the i-th of n shards of about equal GPU time (n calls, i =
+# 1..n, make the whole suite; tools/test_shards.py deals the files by
+# tests/gpu_test_seconds.tsv: about 250 s a shard of two with 16 workers, if
+# nothing else shares the GPU). BASELINE=docs/perf compares with the newest baseline of
 # this run's GPU there (tools/compare_baseline.py); given no bench args, the
 # bench then runs with that baseline's own.
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
@@ -64,11 +66,9 @@ repo=$PWD
 
 if [[ " $steps " == *" tests "* ]]; then
   test_paths=()
-  if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": every n-th test file from the i-th
-    shard=${TEST_SHARD%/*} shards=${TEST_SHARD#*/} index=0
-    for t in "$repo"/tests/test_*.py; do
-      ((index++ % shards == shard - 1)) && test_paths+=("$t")
-    done
+  if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": shard i of n, dealt by GPU time (tools/test_shards.py)
+    shard_files=$(python3 "$repo/tools/test_shards.py" "$TEST_SHARD") || exit 1
+    for t in $shard_files; do test_paths+=("$repo/$t"); done
   else
     for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
   fi
