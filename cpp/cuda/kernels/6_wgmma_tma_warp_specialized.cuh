@@ -507,12 +507,11 @@ struct WgmmaConsumer {
 // columns 2 * (lane % 4) + {0, 1}. An epilogue is a struct of this shape:
 // Params (its kernel argument) and ParamsFor, kSharedBytes (its shared
 // memory, past the stages, or over them where kOverStages), Store (by the
-// consumers, per unit), Finish (by
-// the consumers once their units are done) and Join (by the producer
-// warpgroup once its copies are issued: its part in any block barriers the
-// epilogue needs); on the host, Prepare (scratch for the params, before the
-// kernel) and FixUp (work after it, on the same stream), which
-// EpilogueInOneKernel has do nothing.
+// consumers, per unit), Finish (by the consumers once their units are done)
+// and Join (by the producer warpgroup once its copies are issued: its part in
+// any block barriers the epilogue needs); on the host, Prepare (scratch for
+// the params, before the kernel) and FixUp (work after it, on the same
+// stream), which EpilogueInOneKernel has do nothing.
 struct EpilogueInOneKernel {
   static constexpr bool kOverStages = false;
   template <class Params>
@@ -752,8 +751,8 @@ struct ClusterReduceEpilogue {
                                                const Params& params, const MatmulDims& dims,
                                                const WorkUnit& unit, uint8_t* shared) {
     float* const partials = reinterpret_cast<float*>(shared);
-    // Both warpgroups' wgmmas retired (Mainloop waited on its own): the other
-    // group may still be reading the stage these writes overwrite.
+    // Each warpgroup's Mainloop waited for its own wgmmas; this waits for the
+    // other's, which may still read the stage these writes overwrite.
     hopper::NamedBarrierSync(kConsumersBarrier, 128 * Cfg::kConsumers);
     const int lane = consumer.lane;
     const int row = consumer.a_rows + 16 * consumer.warp + lane / 4;
@@ -1058,9 +1057,9 @@ template <class Cfg, class Ops, class Out>
 inline constexpr int kWgmmaSharedBytes = [] {
   using Tiles = WgmmaTiles<Cfg, Ops>;
   using Epilogue = WgmmaEpilogue<Cfg, Ops, Out>;
-  static_assert(!Epilogue::kOverStages ||
-                    Epilogue::kSharedBytes <= Cfg::kStages * Tiles::kStageBytes,
-                "an epilogue over the stages fits in them");
+  static_assert(
+      !Epilogue::kOverStages || Epilogue::kSharedBytes <= Cfg::kStages * Tiles::kStageBytes,
+      "an epilogue over the stages fits in them");
   if constexpr (Epilogue::kOverStages) return Tiles::kSharedBytes;
   else return Tiles::kSharedBytes + Tiles::kEpilogueAlignment + Epilogue::kSharedBytes;
 }();
