@@ -17,9 +17,9 @@
 # TEST_SHARD=i/n the i-th of n shards of about equal GPU time (n calls, i =
 # 1..n, make the whole suite; tools/test_shards.py deals the files by
 # tests/gpu_test_seconds.tsv: about 250 s a shard of two with 16 workers, if
-# nothing else shares the GPU). BASELINE=docs/perf compares with the newest baseline of
-# this run's GPU there (tools/compare_baseline.py); given no bench args, the
-# bench then runs with that baseline's own.
+# nothing else shares the GPU). BASELINE=docs/perf compares with the newest
+# baseline of this run's GPU there (tools/compare_baseline.py); given no bench
+# args, the bench then runs with that baseline's own.
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
 # workers, so split the steps over calls made back to back (the machine stays
 # warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
@@ -148,6 +148,8 @@ if [[ " $steps " == *" bench "* ]]; then
     if line=$(python3 "$repo/tools/compare_baseline.py" "$repo/$BASELINE" --args-for "$kind"); then
       eval "bench_args=($line)"
       note "bench: the arguments of $kind's baseline in $BASELINE: $line"
+    else
+      note "bench: no baseline of $kind in $BASELINE to take arguments from: the benchmark's defaults"
     fi
   fi
   python3 -m jax_tiled.bench "${bench_args[@]}" --json "$OUT/bench.json" \
