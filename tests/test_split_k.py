@@ -34,7 +34,10 @@ IN_ONE_CLUSTER = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544)
 # ... across clusters, in every input type (on an H100, into 32 to 44 parts,
 # some not a power of two):
 ACROSS_CLUSTERS = [(1, 200, 136, 40000), (2, 72, 264, 40000)]
-SHAPES = IN_ONE_CLUSTER + [(1, 8, 136, 8200)] + ACROSS_CLUSTERS
+# A few rows (16-bit inputs: C^T = B^T A^T on 128 x 64 tiles, their K split),
+# within one cluster and, batched over a deep K, across clusters:
+FEW_ROWS = [(1, 8, 136, 8200), (1, 16, 1000, 4104), (2, 40, 264, 20000)]
+SHAPES = IN_ONE_CLUSTER + FEW_ROWS + ACROSS_CLUSTERS
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +55,10 @@ def test_auto_splits_k_only_where_tiles_leave_sms_idle():
     assert skinny.kernel == "wgmma" and "K split in 4 across clusters of 4" in skinny.plan, skinny
     assert "K split" not in explain(4096, 4096, 4096).plan  # tiles fill the GPU
     assert "K split" not in explain(128, 128, 4096).plan  # two slabs: nothing to split
+    # 16 rows: C^T, whose 16 columns take 128 x 64 tiles, K split.
+    few = explain(16, 8192, 8192)
+    assert few.plan.startswith("128 x 64 tiles") and "K split" in few.plan, few
+    assert "C^T" in few.plan and "a few rows" in few.reason, few
     # Four tiles over K = 65536: clusters of a tile enough to hold at least
     # half the SMs, all at once.
     deep = _ffi.cuda_plan(

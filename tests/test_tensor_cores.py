@@ -46,6 +46,7 @@ ALIGNED_SHAPES = [
     (200, 24, 520),
     (1000, 800, 1208),
     (11400, 40, 136),  # wgmma's 128 x 64 tiles: 40 columns, rows enough to fill the SMs
+    (40, 11400, 136),  # 40 rows: C^T on those tiles (16-bit inputs, a stored (m, k))
 ]
 
 
@@ -130,6 +131,8 @@ def test_auto_picks_wgmma_where_the_copy_engine_reads_and_mma_elsewhere():
         assert aligned.kernel == "wgmma" and aligned.plan.startswith("128 x 256 tiles"), aligned
         assert skinny.kernel == "wgmma" and skinny.plan.startswith("128 x 64 tiles"), skinny
         assert skinny_tf32.plan.startswith("128 x 64 tiles") and "C^T" in skinny_tf32.plan
+        few_rows = jax_tiled.explain(S((40, 136), jnp.bfloat16), S((136, 11400), jnp.bfloat16))
+        assert few_rows.plan.startswith("128 x 64 tiles") and "C^T" in few_rows.plan, few_rows
     assert odd.kernel == "mma" and "a's rows are 17 elements" in odd.reason, odd
 
 

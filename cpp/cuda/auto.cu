@@ -82,7 +82,10 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
                (tf32 ? ", A through registers" : "") +
-               (plan.swap_ab || plan.transposes_b ? " (TF32 reads B K-major only)" : "");
+               (tf32 && (plan.swap_ab || plan.transposes_b) ? " (TF32 reads B K-major only)"
+                : plan.swap_ab ? " (a few rows: they land on wgmma's N, 64 wide, where "
+                                 "its M would be mostly padding)"
+                               : "");
       });
     return choose(mma, [&] {
       return TensorCoreInputs(p) + ": mma.sync tensor cores, since " + WhyNotWgmma(p, device);

@@ -39,13 +39,16 @@ constexpr int kSplitKSharedBytes =
 static_assert(kSplitKSharedBytes ==
                   kWgmmaSharedBytes<WgmmaSplitK, WgmmaOperands<float, false, false>, float>,
               "16-bit and TF32 split-K kernels take the same shared memory");
-// 3xTF32's split-K kernel takes more (a third B buffer a stage, one stage
-// fewer), but it too holds an SM alone, so it fits the same clusters.
-static_assert(2 * kSplitKSharedBytes > 228 * 1024 &&
-                  2 * kWgmmaSharedBytes<WgmmaSplitKRewritingB,
-                                        WgmmaOperands<float, false, false, true>, float> >
-                      228 * 1024,
-              "a split-K block holds an SM alone");
+// 3xTF32's split-K kernel and the skinny one take other shared memory, but
+// they too hold an SM alone, so they fit the same clusters.
+static_assert(
+    2 * kSplitKSharedBytes > 228 * 1024 &&
+        2 * kWgmmaSharedBytes<WgmmaSplitKRewritingB, WgmmaOperands<float, false, false, true>,
+                              float> >
+            228 * 1024 &&
+        2 * kWgmmaSharedBytes<WgmmaSplitKSkinny, WgmmaOperands<__half, false, false>, __half> >
+            228 * 1024,
+    "a split-K block holds an SM alone");
 
 // Clusters of `size` (2, 4 or 8) split-K blocks the current GPU holds at
 // once, asked of the driver once per device; where it cannot say (explain

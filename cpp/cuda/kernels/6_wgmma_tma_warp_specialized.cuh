@@ -106,6 +106,10 @@ using WgmmaRewritingB = WgmmaConfig<128, 4>;
 // (ClusterReduceEpilogue::kOverStages).
 using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
 using WgmmaSplitKRewritingB = WgmmaConfig<128, 4, 1, true>;
+// Split K for outputs at most 64 columns wide (a few rows swapped onto
+// wgmma's N, WgmmaSwapsAB): 128 x 64 tiles, 8 stages of 24 KB, where 128-wide
+// ones would copy and multiply a B slab mostly of zeros.
+using WgmmaSplitKSkinny = WgmmaConfig<64, 8, 1, true>;
 
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
@@ -127,7 +131,7 @@ struct WgmmaOperands {
   static constexpr bool kTransposesB = kTf32 && kBMnMajor;
   static constexpr bool kRewritesB = kSplit || kTransposesB;
   static_assert(!(kSplit && kTransposesB), "3xTF32 with B MN-major is not built");
-  static_assert(kTf32 || (!kSplit && !kTransposedOut), "16-bit products need neither");
+  static_assert(kTf32 || !kSplit, "3xTF32 splits float32 operands only");
 };
 
 template <class Cfg, class Ops>
@@ -930,10 +934,18 @@ hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
   return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
 }
 
-// TF32 reads B K-major only: with B stored MN-major and A stored (m, k) (the
-// plain a @ b), the kernel computes C^T = B^T A^T (see the top of this file).
+// The kernel computes C^T = B^T A^T (see the top of this file):
+// - TF32 with B stored MN-major and A stored (m, k) (the plain a @ b): TF32
+//   reads B K-major only;
+// - 16-bit inputs with at most kFewRows rows of a stored (m, k) and more
+//   columns: the rows land on wgmma's N, 64 wide, where 128-row tiles would
+//   be mostly padding.
+inline constexpr int64_t kFewRows = 64;
+inline bool WgmmaSwapsFewRows(bool tf32, const MatmulDims& d) {
+  return !tf32 && !d.transpose_a && d.m <= kFewRows && d.n > kFewRows;
+}
 inline bool WgmmaSwapsAB(bool tf32, const MatmulDims& d) {
-  return tf32 && !d.transpose_b && !d.transpose_a;
+  return (tf32 && !d.transpose_b && !d.transpose_a) || WgmmaSwapsFewRows(tf32, d);
 }
 
 // ... and with both stored MN-major (a (k, m), b (k, n)), it rewrites B
@@ -988,10 +1000,8 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return WgmmaTilesFill(d, 256, multiprocessors);
 }
 
-// 128 x 64 tiles for outputs at most 64 columns wide, where they fill the GPU.
-inline bool WgmmaUsesSkinnyTiles(const MatmulDims& d, int multiprocessors) {
-  return d.n <= 64 && WgmmaTilesFill(d, 64, multiprocessors);
-}
+// 128 x 64 tiles for outputs at most 64 columns wide, whole or with K split.
+inline bool WgmmaOutputIsSkinny(const MatmulDims& d) { return d.n <= WgmmaSkinny::kBlockN; }
 
 // How many clusters of `size` split-K blocks a GPU of `multiprocessors` SMs
 // holds at once: at most its SMs / size, fewer where the size does not divide
@@ -1012,7 +1022,7 @@ struct WgmmaSplit {
 inline constexpr int64_t kSlabsPerBlockAcrossClusters = 16;
 inline constexpr int64_t kSlabsSparedAcrossClusters = 32;
 
-// How to split each 128 x 128 tile's K (parts 1: none). Within one cluster:
+// How to split each 128 x `block_n` tile's K (parts 1: none). Within one cluster:
 // the parts double while every tile's cluster still fits the GPU at once (a
 // second wave of clusters doubles the time), each part keeps at least two
 // slabs of slab_depth, and the cluster stays within the portable 8 blocks.
@@ -1020,9 +1030,9 @@ inline constexpr int64_t kSlabsSparedAcrossClusters = 32;
 // kSlabsSparedAcrossClusters): the split with the most blocks whose clusters
 // all fit at once (ties: the larger clusters, whose partials meet in shared
 // memory, not scratch).
-inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int multiprocessors, int slab_depth,
-                                ClustersHeld held) {
-  const int64_t tiles = d.batch * ((d.m + 127) / 128) * ((d.n + 127) / 128);
+inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int block_n, int multiprocessors,
+                                int slab_depth, ClustersHeld held) {
+  const int64_t tiles = d.batch * ((d.m + 127) / 128) * ((d.n + block_n - 1) / block_n);
   const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
   WgmmaSplit within;
   while (2 * within.parts <= 8 && tiles <= held(2 * within.parts, multiprocessors) &&
@@ -1117,12 +1127,26 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
       return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, plan);
     return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, plan);
   } else {
+    if (w.transposed_out) return cudaErrorInvalidValue;  // LaunchWgmmaFewRows's
     if (a_mn && b_mn)
       return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, true>>(w, out, context, plan);
     if (a_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false>>(w, out, context, plan);
     if (b_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, true>>(w, out, context, plan);
     return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
   }
+}
+
+// 16-bit inputs with a few rows swapped onto wgmma's N (WgmmaSwapsFewRows, a
+// stored (m, k)): the swapped problem's B is a^T, K-major; its A is b,
+// MN-major where b is stored (k, n).
+template <class Cfg, class In, class Out>
+cudaError_t LaunchWgmmaFewRows(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
+                               const LaunchPlan& plan) {
+  if (w.dims.transpose_a)
+    return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, false, true>>(w, out, context,
+                                                                               plan);
+  return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false, false, true>>(w, out, context,
+                                                                              plan);
 }
 
 // Its copy-engine boxes land either major-ness at one speed (NOTES.md,
@@ -1136,13 +1160,15 @@ inline constexpr Takes kWgmmaTakes = [] {
 // The plan for a product: for 3xTF32, 128 x 128 tiles with K split across
 // clusters where the tiles alone would leave most SMs idle (as for one pass,
 // below), else WgmmaRewritingB; WgmmaRewritingB too for TF32 with both
-// operands stored MN-major; else 128 x 64 tiles for
-// outputs 64 or fewer columns wide where they fill the GPU, else wide tiles
-// in pairs sharing B where they fill it, else 128 x 128 tiles with K split across
-// clusters where the tiles alone would leave most SMs idle, else 128 x 128
-// tiles; swapped for TF32 with B stored MN-major and A not. Whole tiles run
-// on a persistent grid of one block per SM (whole clusters), or per tile
-// where there are fewer.
+// operands stored MN-major; else, for outputs 64 or fewer columns wide,
+// 128 x 64 tiles, with K split where they would leave most SMs idle; else
+// wide tiles in pairs sharing B where they fill the GPU, else 128 x 128
+// tiles with K split where the tiles alone would leave most SMs idle, else
+// 128 x 128 tiles. Swapped (C^T = B^T A^T, WgmmaSwapsAB) for TF32 with B
+// stored MN-major and A not, and for 16-bit inputs with a few rows, whose
+// swapped output is then 64 or fewer columns wide. Whole tiles run on a
+// persistent grid of one block per SM (whole clusters), or per tile where
+// there are fewer.
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
@@ -1165,14 +1191,18 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
   const int slab_depth =
       p.in_type == Dtype::kF32 ? hopper::kSwizzleElements<float> : hopper::kSwizzleElements<__half>;
   auto split_k = [&](auto cfg) -> std::optional<LaunchPlan> {
-    const WgmmaSplit split = WgmmaSplitFor(arranged, multiprocessors, slab_depth, held);
+    const WgmmaSplit split =
+        WgmmaSplitFor(arranged, decltype(cfg)::kBlockN, multiprocessors, slab_depth, held);
     if (split.parts <= 1) return std::nullopt;
     LaunchPlan splitting = PlanOf<decltype(cfg)>(swap_ab, 0, split.parts);
     splitting.split_groups = split.groups;
     return splitting;
   };
   if (p.SplitsTf32()) return split_k(WgmmaSplitKRewritingB{}).value_or(plan(WgmmaRewritingB{}));
-  if (WgmmaUsesSkinnyTiles(arranged, multiprocessors)) return plan(WgmmaSkinny{});
+  if (WgmmaOutputIsSkinny(arranged))
+    return WgmmaTilesFill(arranged, WgmmaSkinny::kBlockN, multiprocessors)
+               ? plan(WgmmaSkinny{})
+               : split_k(WgmmaSplitKSkinny{}).value_or(plan(WgmmaSkinny{}));
   if (WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   return split_k(WgmmaSplitK{}).value_or(plan(WgmmaNarrow{}));
@@ -1201,11 +1231,16 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
         return WithConfig<WgmmaRewritingB, WgmmaSplitKRewritingB>(plan, [&](auto cfg) {
           return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context, plan);
         });
+    } else if (plan.swap_ab) {  // a few rows: always 64 wide (PlanWgmma)
+      return WithConfig<WgmmaSkinny, WgmmaSplitKSkinny>(plan, [&](auto cfg) {
+        return LaunchWgmmaFewRows<decltype(cfg), In, Out>(w, c, context, plan);
+      });
     }
     using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
-    return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK>(plan, [&](auto cfg) {
-      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
-    });
+    return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny>(
+        plan, [&](auto cfg) {
+          return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
+        });
   });
 }
 
