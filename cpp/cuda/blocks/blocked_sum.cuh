@@ -37,11 +37,24 @@ inline constexpr int kTruncatedSumDepth = 64;
 // deeper than 64, so fewer, deeper partials cost no accuracy there.
 inline constexpr int kTf32TruncatedSumDepth = 256;
 
-// Whether a thread with `registers` registers can hold two sets of
+// Partial sums per group where a kernel has room for a third set of
+// accumulators (RoomForSets(3, ...)): the partials are added into a group's
+// sum, and each group's sum into the running total. The running total's
+// round-to-nearest adds grow its error with their count: at 16 x 8192 x 8192
+// bfloat16 -> float32 (K split in two, 64 partials of 64 a block) the
+// model of tools/tensor_core_sums.py matched the measured 8.3e-8, 2.7x jnp's
+// error, and predicts 4.7e-8 in groups of 8 (NOTES.md, "Partial sums in
+// groups"); groups of 4 and 16 were within 10% of that.
+inline constexpr int kPartialsPerGroup = 8;
+
+// Whether a thread with `registers` registers can hold `sets` sets of
 // `accumulators` 4-byte accumulators and the 64 or so registers a mainloop
 // needs besides.
+constexpr bool RoomForSets(int sets, int accumulators, int registers) {
+  return sets * accumulators + 64 <= registers;
+}
 constexpr bool RoomForTwoSets(int accumulators, int registers) {
-  return 2 * accumulators + 64 <= registers;
+  return RoomForSets(2, accumulators, registers);
 }
 
 // The same for `threads_per_sm` threads (the block times the blocks that

@@ -84,8 +84,10 @@ struct WgmmaConfig {
   // setmaxnreg budgets: 128 x 40 + 256 x 232 fits the 64K-register file.
   static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
   // Whether a consumer's registers hold a second set of accumulators, for
-  // blocked sums (blocked_sum.cuh): 128-wide tiles yes, 256-wide ones no.
+  // blocked sums (blocked_sum.cuh): 128-wide tiles yes, 256-wide ones no; and
+  // a third, for partial sums added in groups: 64-wide tiles only.
   static constexpr bool kRoomForBlockedSum = RoomForTwoSets(kBlockN / 2, kConsumerRegisters);
+  static constexpr bool kRoomForGroupedSum = RoomForSets(3, kBlockN / 2, kConsumerRegisters);
 };
 
 // 128 x 256 tiles, 4 stages of 48 KB, for 16-bit inputs in pairs sharing B;
@@ -372,14 +374,18 @@ struct WgmmaConsumer {
 
   // One pass sums each kPartialDepth of K into `partial` first where the
   // registers allow (blocked_sum.cuh); 3xTF32 sums each slab there (tf32.cuh). Either way
-  // acc collects the partial sums with rounded float adds.
+  // acc collects the partial sums with rounded float adds, through `group`
+  // (kPartialsPerGroup at a time) where a third set fits.
   static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
+  static constexpr bool kGrouped = (Ops::kSplit || kBlocked) && Cfg::kRoomForGroupedSum;
   static constexpr int kPartialDepth = Ops::kTf32 ? kTf32TruncatedSumDepth : kTruncatedSumDepth;
   static constexpr int kSlabsPerPartial = kBlocked ? kPartialDepth / Tiles::kSlab : 1;
   static_assert(kPartialDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
 
   float acc[Cfg::kBlockN / 2];
   float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
+  float group[kGrouped ? Cfg::kBlockN / 2 : 1];
+  int partials_in_group;
   // TF32 A operands of two slabs: one being read by wgmmas in flight, one loading.
   A even, odd;
   StageCursor<Cfg::kStages> at;
@@ -407,6 +413,7 @@ struct WgmmaConsumer {
     if constexpr (Ops::kSplit || kBlocked)
 #pragma unroll
       for (float& x : acc) x = 0.0f;
+    if constexpr (kGrouped) StartGroup();
     // Unconditional pairs, so ptxas can see that a buffer is reloaded only
     // after the wait that retired its last readers (else it serialises wgmma).
     for (int slab = 0; slab + 1 < slabs; slab += 2) {
@@ -416,6 +423,8 @@ struct WgmmaConsumer {
     if (slabs % 2) Consume(stages, slabs - 1, slabs, even, previous);
     hopper::WgmmaWait<0>();
     hopper::FenceAccumulators(acc);
+    if constexpr (kGrouped)
+      if (partials_in_group > 0) AddGroup();
     if (previous >= 0) Release(stages, previous);
   }
 
@@ -496,12 +505,31 @@ struct WgmmaConsumer {
     else return acc;
   }
 
-  // acc += partial, once every wgmma writing it has retired.
+  // acc += partial (or group += partial, and acc += group every
+  // kPartialsPerGroup), once every wgmma writing it has retired.
   __device__ __forceinline__ void AddPartial() {
     hopper::WgmmaWait<0>();
     hopper::FenceAccumulators(partial);
+    if constexpr (kGrouped) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += partial[i];
+      for (int i = 0; i < Cfg::kBlockN / 2; ++i) group[i] += partial[i];
+      if (++partials_in_group == kPartialsPerGroup) AddGroup();
+    } else {
+#pragma unroll
+      for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += partial[i];
+    }
+  }
+
+  __device__ __forceinline__ void StartGroup() {
+#pragma unroll
+    for (float& x : group) x = 0.0f;
+    partials_in_group = 0;
+  }
+
+  __device__ __forceinline__ void AddGroup() {
+#pragma unroll
+    for (int i = 0; i < Cfg::kBlockN / 2; ++i) acc[i] += group[i];
+    StartGroup();
   }
 };
 
