@@ -85,7 +85,7 @@ class Explanation:
     out_dtype: str
     precision: str  # the lax.Precision's or lax.DotAlgorithmPreset's name
     runs_as: str  # what a preset runs as on the platform ("" for a lax.Precision)
-    kernel: str
+    kernel: str  # "none" where no kernel runs (CUDA: an empty output, or K of 0)
     reason: str
     plan: str  # the launch plan the kernel runs ("" where it has none to describe)
 
@@ -184,5 +184,6 @@ def explain(
             _ffi.cuda_multiprocessors(),
             run.precision,
         )
-        return Explanation(**found, kernel=chosen, reason=reason, plan=plan)
+        # No kernel for a product with nothing to compute (the CUDA module says why).
+        return Explanation(**found, kernel=chosen or "none", reason=reason, plan=plan)
     raise ValueError(f"{API}: no kernels for backend {platform!r} in this build")

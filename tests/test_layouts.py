@@ -228,6 +228,42 @@ def test_the_cuda_lowering_decides_on_any_host(
     assert _flags(lowered) == [_expected_flags(hopper_flags, other_flags)], lowered
 
 
+# Products with nothing to compute, as stored (m, k) and (n, k) for a @ b.T,
+# K long enough for auto to plan wgmma: the lowering asks the planners whether
+# to fold the transpose, and they were asked about products the handler runs
+# no kernel for, dividing by their count of tiles (the process died of
+# SIGFPE). Now no kernel is planned: an empty output, or a zero fill for K 0.
+EMPTY_PRODUCTS = [
+    ((0, 2048), (520, 2048)),
+    ((777, 2048), (0, 2048)),
+    ((777, 0), (520, 0)),
+]
+
+
+@pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("shapes", EMPTY_PRODUCTS, ids=str)
+def test_products_with_nothing_to_compute_lower_for_cuda(shapes, dtype):
+    a_spec, b_spec = (jax.ShapeDtypeStruct(shape, dtype) for shape in shapes)
+    for form in ("a @ b.T", "a.T @ b"):
+        specs = (a_spec, b_spec)
+        if form == "a.T @ b":  # stored (k, m) and (k, n)
+            specs = tuple(
+                jax.ShapeDtypeStruct((*s.shape[:-2], s.shape[-1], s.shape[-2]), dtype)
+                for s in specs
+            )
+        lowered = jax.jit(_cuda_case(None, "auto", form)).trace(*specs)
+        assert "custom_call @tiled_matmul" in lowered.lower(lowering_platforms=("cuda",)).as_text()
+    explained = jax_tiled.explain(
+        a_spec, jax.ShapeDtypeStruct(b_spec.shape[::-1], dtype), backend="gpu"
+    )
+    k = a_spec.shape[-1]
+    assert explained.kernel == "none" and explained.plan == "", explained
+    assert ("zeros" if k == 0 and 0 not in explained.problem[2:4] else "empty") in (
+        explained.reason
+    ), explained
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "name,dtype,precision,kernel,shapes,form,hopper_flags,other_flags",

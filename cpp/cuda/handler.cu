@@ -94,6 +94,17 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
                  *in_type, *out_type, *mode};
 }
 
+// Why MatmulCuda launches no kernel for a product, if it launches none: an
+// empty output, or K of 0 (a zero fill). The planners are not asked about
+// these: they would plan a grid of no tiles, and some divide by the tiles.
+std::optional<std::string> NoKernelRuns(const ProblemShape& s) {
+  const MatmulProblem p =
+      MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k, s.transpose_a, s.transpose_b);
+  if (p.empty_output()) return "the output is empty: no kernel runs";
+  if (p.k == 0) return "K is 0: the output is filled with zeros, no kernel runs";
+  return std::nullopt;
+}
+
 // The GPU the Python side plans for; its per-block limits default to
 // DeviceFacts' where it gives none (0).
 DeviceFacts FactsOf(const GpuFacts& gpu) {
@@ -221,6 +232,7 @@ AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
             "unsupported dtypes " + std::string(dtype) + " -> " + std::string(out_dtype) +
                 " or precision code " + std::to_string(precision),
             ""};
+  if (std::optional<std::string> why = NoKernelRuns(shape)) return {"", *why, ""};
   std::string why;
   const KernelChoice choice = ChooseAuto(*product, FactsOf(gpu), &why);
   return {choice.kernel->name, why, choice.plan.Describe()};
@@ -230,7 +242,8 @@ PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::strin
                      const ProblemShape& shape, int precision, const GpuFacts& gpu) {
   const KernelDescriptor* const k = FindKernel(kernel);
   const std::optional<Product> product = ProductOf(dtype, out_dtype, shape, precision);
-  if (!k || !product || Refusal(*k, *product, gpu.compute_capability)) return {};
+  if (!k || !product || NoKernelRuns(shape) || Refusal(*k, *product, gpu.compute_capability))
+    return {};
   const LaunchPlan plan = k->plan(*product, FactsOf(gpu));
   return {plan.Describe(), plan.block_m,      plan.block_n, plan.stages,           plan.cluster_m,
           plan.split_k,    plan.split_groups, plan.swap_ab, plan.persistent_blocks};

@@ -51,15 +51,16 @@ struct AutoChoice { std::string kernel, reason, plan; };
 
 // AutoChoice for this problem from `dtype` inputs to an `out_dtype` result
 // (numpy's names) at `precision` (the FFI attribute's code) on that GPU.
-// Dtypes or a precision it does not know leave `kernel` empty and say so in
-// `reason`.
+// Dtypes or a precision it does not know, and a product for which no kernel
+// runs (an empty output, or K of 0: a zero fill), leave `kernel` empty and
+// say so in `reason`.
 AutoChoice ExplainAuto(std::string_view dtype, std::string_view out_dtype,
                        const ProblemShape& shape, int precision, const GpuFacts& gpu);
 
 // A kernel's plan for a problem (kernel.h, LaunchPlan), as its launcher would
 // run it on that GPU: Describe's words, for explain, and the tiling, for the
-// benchmark's ladder report. `text` is empty where the kernel is unknown or
-// refuses the problem.
+// benchmark's ladder report. `text` is empty where the kernel is unknown,
+// refuses the problem, or would not run (nothing to compute).
 struct PlanFacts {
   std::string text;
   int block_m = 0, block_n = 0, stages = 0, cluster_m = 1, split_k = 1, split_groups = 1;
