@@ -126,6 +126,10 @@ class Schedule:
     # K split into this many equal parts, each summed on its own and the
     # parts' sums added in order (split-K: LaunchPlan::split_k).
     k_parts: int = 1
+    # Partial sums added this many at a time into a group's sum, each group
+    # then into the running total (blocked_sum.cuh, kPartialsPerGroup); 1:
+    # each partial straight into the total.
+    group: int = 1
     # b's parts (made from b.T), where they are not made as a's.
     parts_b: Callable[[np.ndarray], list[np.ndarray]] | None = None
 
@@ -143,10 +147,12 @@ class Schedule:
         return total
 
     def _sum(self, a_parts, b_parts, begin: int, end: int) -> np.ndarray:
-        """The running total over K in [begin, end), a fresh partial sum every `depth`."""
+        """The running total over K in [begin, end), a fresh partial sum every
+        `depth`, added into it `group` at a time."""
         rows, cols = a_parts[0].shape[0], b_parts[0].shape[1]
         depth = self.depth or end - begin
-        total = np.zeros((rows, cols), F32)
+        total = group = None
+        in_group = 0
         for k0 in range(begin, end, depth):
             partial = np.zeros((rows, cols), F32)
             step = self.core.depth if self.core else depth
@@ -158,7 +164,11 @@ class Schedule:
             for i, j in self.order:
                 for s0, s1 in steps:
                     partial = self._accumulate(partial, a_parts[i], b_parts[j], s0, s1)
-            total = partial if k0 == begin else (total + partial).astype(F32)
+            group = partial if group is None else (group + partial).astype(F32)
+            in_group += 1
+            if in_group == self.group or k0 + depth >= end:
+                total = group if total is None else (total + group).astype(F32)
+                group, in_group = None, 0
         return total
 
     def _accumulate(self, c, a, b, k0, k1):
@@ -251,6 +261,14 @@ def schedules(tf32: TensorCore, bf16: TensorCore) -> dict[str, Schedule]:
                  ((HI, HI),), 32, tf32, step_major=((TF32_LO, TF32_LO), *PAIRS_3XTF32), k_parts=8),
         Schedule("3xTF32, hi rounded, K split in 8", TF32_SPLIT_ROUNDED,
                  ((HI, HI),), 32, tf32, step_major=PAIRS_3XTF32, k_parts=8),
+        # Few rows (16-bit, m <= 64) on wgmma's 128 x 64 tiles: 16x8192x8192
+        # splits K in two, 64-k partials; into the total one by one (before
+        # 9a244a6), or in groups of eight (as built).
+        Schedule("bf16 inputs, few rows, K split in 2, 64-k partials", one_part(bf16_round),
+                 ((0, 0),), 64, bf16, input_dtype=bf16_round, k_parts=2),
+        Schedule("bf16 inputs, few rows, K split in 2, 64-k partials in groups of 8 (as built)",
+                 one_part(bf16_round), ((0, 0),), 64, bf16, input_dtype=bf16_round, k_parts=2,
+                 group=8),
         # mma's slabs are 16 of K, and it does not split K.
         Schedule("3xTF32 + lo x lo (4 passes), 16-k slabs (mma)", TF32_SPLIT_TRUNCATED,
                  ((HI, HI),), 16, tf32, step_major=((TF32_LO, TF32_LO), *PAIRS_3XTF32)),
@@ -319,6 +337,14 @@ MEASURED_DESIGNS = {
     ("TF32 x3 laid along K, one running sum", 8192, "positive"): (8.56e-5, -8.55e-5),
     ("TF32 x4 laid along K, one running sum", 4096, "positive"): (5.01e-5, -5.01e-5),
     ("TF32 x4 laid along K, one running sum", 8192, "positive"): (1.01e-4, -1.01e-4),
+    # bf16 -> float32 16x8192x8192, main before and at 9a244a6, 2026-11-26
+    # (docs/perf/h100-2026-11-26-accuracy-few-rows-{swap,grouped-sums}.json).
+    ("bf16 inputs, few rows, K split in 2, 64-k partials", 8192, "positive"): (8.31e-8, -9.2e-11),
+    ("bf16 inputs, few rows, K split in 2, 64-k partials", 8192, "normal"): (1.59e-7, 2.3e-9),
+    ("bf16 inputs, few rows, K split in 2, 64-k partials in groups of 8 (as built)", 8192,
+     "positive"): (3.67e-8, -6.4e-11),
+    ("bf16 inputs, few rows, K split in 2, 64-k partials in groups of 8 (as built)", 8192,
+     "normal"): (9.88e-8, 2.0e-9),
 }  # fmt: skip
 # jnp.matmul's rows at the presets, 512 x 8192 x 512, same run (the targets).
 JNP_8192 = {
@@ -365,7 +391,7 @@ def main(argv=None) -> None:
         cells = [f"{i} {e:.2e} {b:+.1e}" for i in ("positive", "normal")
                  for e, b in [predict(schedule, 8192, i, args.samples)]]  # fmt: skip
         print(f"  {name:<50} " + "   ".join(cells))
-    print_against_measured("designs built on a branch", MEASURED_DESIGNS, by_name, args.samples)
+    print_against_measured("designs built since", MEASURED_DESIGNS, by_name, args.samples)
     print("\njnp.matmul measured at 512 x 8192 x 512 (the targets)")
     for preset, rows in JNP_8192.items():
         print(
