@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_tiled import _canonical, _checks, _dot_general, _ffi, _matmul, _presets
+from jax_tiled import _canonical, _checks, _dot_general, _ffi, _lowering, _matmul, _presets
 from jax_tiled._checks import DTypeLike, PrecisionLike
 from jax_tiled._primitive import check_kernel_runs
 
@@ -177,13 +177,24 @@ def explain(
             plan=_cpu_plan(run.operand_dtype, run.product_dtype),
         )
     if platform == "cuda" and _ffi.cuda_module_built():
+        padded = _lowering.padding_for_the_copy_engine(
+            platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
+        )
         chosen, reason, plan = _ffi.cuda_explain(
             run.operand_dtype.name,
             run.product_dtype.name,
-            problem,
+            (*problem[:2], *padded, *problem[5:]) if padded else problem,
             _ffi.cuda_multiprocessors(),
             run.precision,
         )
+        if padded:
+            m, n, k = problem[2:5]
+            pm, pn, pk = padded
+            reason = (
+                f"operands padded with zeros to rows of whole 16-byte lines, which the TMA "
+                f"copy engine reads ({m}x{k}x{n} as {pm}x{pk}x{pn}, the result sliced back); "
+                + reason
+            )
         # No kernel for a product with nothing to compute (the CUDA module says why).
         return Explanation(**found, kernel=chosen or "none", reason=reason, plan=plan)
     raise ValueError(f"{API}: no kernels for backend {platform!r} in this build")

@@ -7,7 +7,9 @@ package was built with nvcc), the lowering rule
    stored, through the kernel's transpose flag, instead of copying it first
    (`_stored_form`, where `reads_as_stored`); and the other way round,
    copies b K-major first where `auto`'s kernel reads the layout as stored
-   slowly (`copies_b_k_major`);
+   slowly (`copies_b_k_major`); and pads operands whose rows are not whole
+   16-byte lines with zeros where that moves `auto` onto the Hopper kernel
+   (`padding_for_the_copy_engine`), slicing the result back;
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
@@ -304,6 +306,68 @@ def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, 
     return auto_runs == "wgmma"
 
 
+# The TMA copy engine reads rows (and batches) that start at multiples of 16
+# bytes (cuTensorMapEncodeTiled's strides).
+COPY_ENGINE_ROW_BYTES = 16
+
+
+def padding_for_the_copy_engine(
+    platform, kernel, operand_dtype, product_dtype, precision, problem
+) -> tuple[int, int, int] | None:
+    """(m, n, k) rounded up so that each operand's rows as stored are whole
+    16-byte lines, where `auto` would run `problem` (copies_b_k_major's tuple)
+    on another kernel only because they are not, and on `wgmma` once padded:
+    the operands are then padded with zeros (exact: a padded K pairs zeros
+    with zeros, padded rows and columns of the result are dropped). On an
+    H100 such products ran on `mma` at 0.33-0.43x jnp's time (777x1999x513,
+    3000x1000x2999 bfloat16), where the padding copies the operands once
+    (cpp/cuda/NOTES.md, "Odd rows padded for the copy engine"). None where
+    nothing would change, for a forced kernel (it runs the product as
+    given), and for symbolic dimensions."""
+    if platform != "cuda" or kernel != "auto" or _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        return None
+    if not all(isinstance(d, (int, np.integer)) for d in problem[:5]):
+        return None
+    batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
+    step = COPY_ENGINE_ROW_BYTES // np.dtype(operand_dtype).itemsize
+
+    def whole_lines(size):
+        return -(-size // step) * step
+
+    # The axis each operand is stored along: a (m, k) or (k, m), b (k, n) or (n, k).
+    padded = (
+        whole_lines(m) if transpose_a else m,
+        n if transpose_b else whole_lines(n),
+        whole_lines(k) if transpose_b or not transpose_a else k,
+    )
+    if padded == (m, n, k):
+        return None
+    dtypes = (np.dtype(operand_dtype).name, np.dtype(product_dtype).name)
+    multiprocessors = _ffi.cuda_multiprocessors()
+    as_given, once_padded = (
+        _ffi.cuda_explain(*dtypes, (batch_a, batch_b, *dims, transpose_a, transpose_b),
+                          multiprocessors, precision)[0]
+        for dims in ((m, n, k), padded)
+    )  # fmt: skip
+    return padded if as_given != "wgmma" and once_padded == "wgmma" else None
+
+
+def _padded(a, b, padded, transpose_a, transpose_b):
+    """Canonical operands (batch, rows, cols) padded with zeros at the end of
+    each axis to `padded` (m, n, k)."""
+    pm, pn, pk = padded
+    a_to = (pk, pm) if transpose_a else (pm, pk)
+    b_to = (pn, pk) if transpose_b else (pk, pn)
+
+    def pad(x, to):
+        if tuple(to) == x.shape[1:]:
+            return x
+        config = [(0, 0, 0)] + [(0, want - have, 0) for want, have in zip(to, x.shape[1:])]
+        return lax.pad(x, np.zeros((), x.dtype), config)
+
+    return pad(a, a_to), pad(b, b_to)
+
+
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
@@ -355,17 +419,24 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     )
 
     wide = _presets.needs_x64(run)
+    problem = (*batches, m, n, k, transpose_a, transpose_b)
+    # Padded on one device only: sharded operands are the partitioner's, whose
+    # blocks would each need their own padding.
+    padded = None
+    if not wide and _compat.lowers_for_one_device(ctx):
+        padded = padding_for_the_copy_engine(
+            platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
+        )
 
     # Slices of stacked arrays read in place: on one device only (a stack's
     # sharding is the partitioner's business), where the operand's dtype is
     # the kernel's (a cast would convert the whole stack), and where the
-    # kernel reads it so.
+    # kernel reads it so; not where the operands are padded (copied anyway).
     stacks = [None, None]
-    if not wide and _compat.lowers_for_one_device(ctx):
+    if not wide and padded is None and _compat.lowers_for_one_device(ctx):
         for i, (value, aval) in enumerate(zip((a, b), ctx.avals_in)):
             if np.dtype(aval.dtype) == run.operand_dtype and not (i == 1 and copy_b):
                 stacks[i] = _stacked_source(value, aval)
-    problem = (*batches, m, n, k, transpose_a, transpose_b)
     if stacks != [None, None] and reads_stacks_in_place(
         platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
     ):
@@ -376,7 +447,10 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
             a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
             if copy_b:
                 b = jax.numpy.swapaxes(b, -1, -2)
-            if wide:
+            if padded:
+                a, b = _padded(a, b, padded, transpose_a, transpose_b)
+                out = _partitioned_product(a, b, product)[:, :m, :n]
+            elif wide:
                 # The partitioning callbacks trace later, with float64 off again:
                 # the bare call instead (XLA gathers sharded operands for it).
                 out = ffi_product(a, b, product, product.out_dtype)

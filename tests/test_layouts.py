@@ -280,3 +280,120 @@ def test_cuda_reads_transposes_where_the_kernel_does(
     a_op, b_op = _OPS[form](np.asarray(a), np.asarray(b))
     out = np.asarray(jax.jit(f)(a, b))
     assert_matmul_close(out, a_op, b_op, platform="cuda", precision=precision)
+
+
+# ---- CUDA: rows that are not whole 16-byte lines, padded for the copy engine ----
+
+# (name, dtype, precision, kernel, (m, k, n), padded (m, k, n) or None): a
+# stored (m, k), b (k, n). Padded where auto would run mma only because the
+# rows are not 16-byte lines, and wgmma once they are.
+PADDING_CASES = [
+    ("bf16 odd k and n", BF16, None, "auto", (777, 1999, 513), (777, 2000, 520)),
+    ("tf32 odd n", F32, None, "auto", (3000, 1000, 2999), (3000, 1000, 3000)),
+    ("3xtf32 odd k", F32, "high", "auto", (1024, 1023, 1024), (1024, 1024, 1024)),
+    ("bf16 aligned", BF16, None, "auto", (1024, 1024, 1024), None),
+    # Small: mma either way (a small product, K short).
+    ("bf16 small odd", BF16, None, "auto", (197, 263, 131), None),
+    # HIGHEST runs on the SIMT kernels, which read any rows.
+    ("fp32 highest odd", F32, "highest", "auto", (777, 1999, 513), None),
+    # A forced kernel runs the product as given.
+    ("bf16 odd on mma", BF16, None, "mma", (777, 1999, 513), None),
+]
+
+
+def _padding_case(precision, kernel):
+    def f(a, b):
+        return jax_tiled.matmul(a, b, precision=precision, kernel=kernel)
+
+    return f
+
+
+def _call_operand_shapes(lowered: str) -> list[list[tuple[int, ...]]]:
+    """The operand shapes of each tiled_matmul custom call in `lowered`."""
+    calls = [line for line in lowered.splitlines() if "custom_call @tiled_matmul" in line]
+    operand_types = [re.search(r":\s*\((.*)\)\s*->", line).group(1) for line in calls]
+    return [
+        [tuple(int(d) for d in t.split("x")[:-1]) for t in re.findall(r"tensor<([^>]+)>", types)]
+        for types in operand_types
+    ]
+
+
+@pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
+@pytest.mark.parametrize(
+    "name,dtype,precision,kernel,shape,padded", PADDING_CASES, ids=[c[0] for c in PADDING_CASES]
+)
+def test_rows_are_padded_for_the_copy_engine_where_auto_then_runs_wgmma(
+    name, dtype, precision, kernel, shape, padded
+):
+    """Lowered for CUDA without running (the planners need no GPU): the
+    custom call reads the padded operands and the result is sliced back, or
+    nothing is padded. explain() says so, and which kernel runs."""
+    m, k, n = shape
+    specs = [jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)]
+    f = _padding_case(precision, kernel)
+    lowered = jax.jit(f).trace(*specs).lower(lowering_platforms=("cuda",)).as_text()
+    explained = jax_tiled.explain(*specs, precision=precision, kernel=kernel, backend="gpu")
+    hopper = _ffi.cuda_compute_capability() == _ffi.HOPPER
+    if padded is None or not hopper:
+        assert "stablehlo.pad" not in lowered, lowered
+        assert _call_operand_shapes(lowered) == [[(1, m, k), (1, k, n)]], lowered
+        assert "padded" not in explained.reason, explained
+        return
+    pm, pk, pn = padded
+    assert _call_operand_shapes(lowered) == [[(1, pm, pk), (1, pk, pn)]], lowered
+    if (pm, pn) != (m, n):  # a padded K changes no shape of the result
+        assert "stablehlo.slice" in lowered and f"-> tensor<1x{m}x{n}x" in lowered, lowered
+    assert explained.kernel == "wgmma", explained
+    assert f"{m}x{k}x{n} as {pm}x{pk}x{pn}" in explained.reason, explained
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name,dtype,precision,kernel,shape,padded",
+    [c for c in PADDING_CASES if c[-1] is not None],
+    ids=[c[0] for c in PADDING_CASES if c[-1] is not None],
+)
+def test_padded_products_are_the_products(
+    on_gpu, rng, name, dtype, precision, kernel, shape, padded
+):
+    """On the GPU: the padded product against float64, the last real row and
+    column carrying inf and NaN (padding must neither drop them nor make new
+    ones), under jit, grad and vmap."""
+    m, k, n = shape
+    a = random_array(rng, (m, k), np.float32)
+    b = random_array(rng, (k, n), np.float32)
+    a[m - 1, k - 1], b[k - 1, n - 1] = np.inf, np.nan
+    a, b = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
+    f = jax.jit(_padding_case(precision, kernel))
+    out = np.asarray(f(a, b), np.float64)
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+    finite = slice(0, m - 1), slice(0, n - 1)
+    assert_matmul_close(
+        np.asarray(f(a[: m - 1], b[:, : n - 1])),
+        a[: m - 1],
+        b[:, : n - 1],
+        platform="cuda",
+        precision=precision,
+    )
+    assert np.isfinite(out[finite]).all()
+    # Gradients (the transposed products, padded where they need it) and a
+    # batch of two (vmap) against jnp's on finite inputs.
+    a_fin, b_fin = jnp.nan_to_num(a), jnp.nan_to_num(b)
+
+    def loss(fn):
+        return lambda x, y: jnp.sum(fn(x, y).astype(jnp.float32) ** 2) / (m * n)
+
+    ours = jax.grad(loss(_padding_case(precision, kernel)), argnums=(0, 1))(a_fin, b_fin)
+    theirs = jax.grad(loss(lambda x, y: jnp.matmul(x, y, precision=precision)), argnums=(0, 1))(
+        a_fin, b_fin
+    )
+    for mine, peer in zip(ours, theirs):
+        np.testing.assert_allclose(
+            np.asarray(mine, np.float64), np.asarray(peer, np.float64), rtol=0.05, atol=1e-3
+        )
+    stacked = jax.vmap(_padding_case(precision, kernel))(
+        jnp.stack([a_fin, a_fin]), jnp.stack([b_fin, b_fin])
+    )
+    assert_matmul_close(np.asarray(stacked[1]), a_fin, b_fin, platform="cuda", precision=precision)
