@@ -97,12 +97,15 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
 // Why MatmulCuda launches no kernel for a product, if it launches none: an
 // empty output, or K of 0 (a zero fill). The planners are not asked about
 // these: they would plan a grid of no tiles, and some divide by the tiles.
-std::optional<std::string> NoKernelRuns(const ProblemShape& s) {
-  const MatmulProblem p =
-      MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k, s.transpose_a, s.transpose_b);
+std::optional<std::string> NoKernelRuns(const MatmulProblem& p) {
   if (p.empty_output()) return "the output is empty: no kernel runs";
   if (p.k == 0) return "K is 0: the output is filled with zeros, no kernel runs";
   return std::nullopt;
+}
+
+std::optional<std::string> NoKernelRuns(const ProblemShape& s) {
+  return NoKernelRuns(
+      MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k, s.transpose_a, s.transpose_b));
 }
 
 // The GPU the Python side plans for; its per-block limits default to
@@ -184,8 +187,9 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   if (forced)
     if (std::optional<std::string> why = Refusal(*forced, product, device.compute_capability))
       return ffi::Error::InvalidArgument("tiled_matmul: " + *why);
-  if (p.empty_output()) return ffi::Error::Success();
-  if (p.k == 0) {  // an empty sum; 0.0 is all-zero bits in every supported dtype
+  if (NoKernelRuns(p)) {
+    if (p.empty_output()) return ffi::Error::Success();
+    // An empty sum; 0.0 is all-zero bits in every supported dtype.
     const cudaError_t err = cudaMemsetAsync(out->untyped_data(), 0, out->size_bytes(), stream);
     return err == cudaSuccess ? ffi::Error::Success() : CudaError("zero fill failed", err);
   }
