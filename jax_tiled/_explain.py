@@ -192,7 +192,8 @@ def explain(
             pm, pn, pk = padded
             reason = (
                 f"operands padded with zeros to rows of whole 16-byte lines, which the TMA "
-                f"copy engine reads ({m}x{k}x{n} as {pm}x{pk}x{pn}, the result sliced back); "
+                f"copy engine reads ({m}x{k}x{n} as {pm}x{pk}x{pn}"
+                + (", the result sliced back); " if (pm, pn) != (m, n) else "); ")
                 + reason
             )
         # No kernel for a product with nothing to compute (the CUDA module says why).
