@@ -312,7 +312,26 @@ def test_ab_bench_refuses_a_directory_that_is_not_a_build(tmp_path, capsys):
     ab = load_ab_bench()
     with pytest.raises(SystemExit):
         ab.main([str(tmp_path), "--no-build", "--", "--shapes", "4096^3"])
-    assert "holds no pyproject.toml" in capsys.readouterr().err
+    assert "neither a wheel nor sources with a pyproject.toml" in capsys.readouterr().err
+
+
+def test_ab_bench_installs_a_wheel_before_and_can_take_the_installed_build_after(
+    tmp_path, monkeypatch
+):
+    """A wheel built here (tools/prebuild_hopper.sh) is the build before;
+    --after-installed builds nothing for the build after."""
+    ab = load_ab_bench()
+    wheel = tmp_path / "jax_tiled-0.1.0-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"")
+    built = []
+    monkeypatch.setattr(ab, "build", lambda source, target, log: built.append((source, target)))
+    monkeypatch.setattr(ab, "run_bench", lambda args, before, path, timeout: "not run here")
+    out = ["--rounds", "1", "--out", str(tmp_path / "out"), "--", "--shapes", "64^3"]
+    assert ab.main([str(wheel), "--after-installed", *out]) == 1  # no round ran
+    assert built == [(wheel, ab.Path(ab.tempfile.gettempdir()) / "jax_tiled_ab_before")]
+    built.clear()
+    assert ab.main([str(wheel), *out]) == 1
+    assert sorted(str(source) for source, _ in built) == sorted([str(wheel), str(ab.ROOT)])
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

@@ -18,6 +18,14 @@ runs take about 100 s a process. `--no-build` reuses both builds (they
 are built as CMAKE_ARGS says: -DCMAKE_CUDA_ARCHITECTURES=90a for Hopper only).
 The JSON of each process lands in --out (default $OUT, else ./ab_out);
 `--summarize` prints the summary of the JSONs there (of a call cut short).
+
+Neither build need run on the device machine: the first argument may be a
+wheel of the build before (tools/prebuild_hopper.sh SOURCES OUT, here), which
+pip installs in seconds, and `--after-installed` takes the environment's
+jax_tiled as the build after (device_check.sh with PREBUILT installed it):
+    PREBUILT=prebuilt STEPS=none tools/device_check.sh && \
+    python3 tools/ab_bench.py prebuilt_before/jax_tiled-*.whl --after-installed -- ...
+with carry=["prebuilt", "prebuilt_before"].
 """
 
 from __future__ import annotations
@@ -141,11 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     bench_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("before", type=Path, help="the sources of the build before the change")
+    p.add_argument(
+        "before", type=Path, help="the sources of the build before the change, or its wheel"
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds a benchmark process")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "ab_out")))
     p.add_argument("--no-build", action="store_true", help="reuse both builds")
+    p.add_argument(
+        "--after-installed",
+        action="store_true",
+        help="the environment's jax_tiled is the build after (a prebuilt wheel installed)",
+    )
     p.add_argument(
         "--summarize",
         action="store_true",
@@ -158,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if runs else 1
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    if not (args.before / "pyproject.toml").is_file():
-        p.error(f"{args.before} holds no pyproject.toml: not the sources of a build")
+    if not (args.before / "pyproject.toml").is_file() and not (
+        args.before.suffix == ".whl" and args.before.is_file()
+    ):
+        p.error(f"{args.before} is neither a wheel nor sources with a pyproject.toml")
     # pip reads a bare relative name ("ab_before") as a package to download.
     args.before = args.before.resolve()
     args.out = args.out.resolve()  # the benchmark runs elsewhere (off the source tree)
@@ -167,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     before_target = Path(tempfile.gettempdir()) / "jax_tiled_ab_before"
     if not args.no_build:
         with ThreadPoolExecutor(2) as pool:
-            after = pool.submit(build, ROOT, None, args.out / "build_after.log")
-            before = pool.submit(build, args.before, before_target, args.out / "build_before.log")
-            failed = [n for n, f in (("after", after), ("before", before)) if f.result()]
+            builds = {"before": (args.before, before_target)}
+            if not args.after_installed:
+                builds["after"] = (ROOT, None)
+            done = {
+                name: pool.submit(build, source, target, args.out / f"build_{name}.log")
+                for name, (source, target) in builds.items()
+            }
+            failed = [name for name, future in done.items() if future.result()]
         if failed:
             print(f"build failed: {', '.join(failed)} (logs in {args.out})", file=sys.stderr)
             return 1

@@ -7,7 +7,7 @@
 # they are); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
 #          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
-#          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1] \
+#          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1 | PREBUILT=prebuilt] \
 #          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
 #          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
@@ -24,7 +24,10 @@
 # workers, so split the steps over calls made back to back (the machine stays
 # warm 30 s), the later ones with SKIP_BUILD=1 (the installed build is reused;
 # CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a builds Hopper only, in about two
-# minutes). Each test's result is logged as it ends (pytest -v), so a run cut
+# minutes). A machine idle 30 s is given back and the next call builds again
+# on a fresh one: build a wheel here first (tools/prebuild_hopper.sh), carry
+# its folder and pass PREBUILT=prebuilt, and each fresh machine installs it in
+# seconds. Each test's result is logged as it ends (pytest -v), so a run cut
 # short by its timeout still names the tests that failed.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
@@ -38,13 +41,33 @@ note() { summary+=("$1"); echo "== $1"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/device.txt"
 
-# What was built, named by its sources: the copy on the machine may carry a
-# HEAD (and an index) other than the working tree's, so neither the commit nor
-# `git ls-files` says; the files as they are do. Compare with the same line
-# run here on a clean tree.
-sources=$(find cpp jax_tiled CMakeLists.txt pyproject.toml -type f ! -name '*.pyc' -print0 \
-  | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12)
+# What was built, named by its sources (tools/sources_hash.sh; compare with
+# the same script run here on a clean tree).
+sources=$(bash tools/sources_hash.sh) || { echo "tools/sources_hash.sh failed"; exit 1; }
 built_stamp=${TMPDIR:-/tmp}/jax_tiled_built_sources  # outlives the call, as the build does
+# A wheel built here by tools/prebuild_hopper.sh (carried: PREBUILT=prebuilt),
+# installed where it is of these sources and this machine's nvcc release
+# (the same compiler makes the same kernels): a fresh machine then spends
+# seconds, not minutes, before the steps. Else the tree is built here, as
+# without it, and the reason printed.
+prebuilt_wheel() {
+  local dir=${PREBUILT:-}
+  [[ -n $dir ]] || return 1
+  local wheel=("$dir"/jax_tiled-*.whl)
+  if [[ ! -f ${wheel[0]} || ! -f $dir/SOURCES || ! -f $dir/NVCC ]]; then
+    echo "PREBUILT: no wheel with SOURCES and NVCC in $dir (carried?): building here"; return 1
+  fi
+  if [[ $(cat "$dir/SOURCES") != "$sources" ]]; then
+    echo "PREBUILT: the wheel is of sources $(cat "$dir/SOURCES"), the tree's are $sources: building here"
+    return 1
+  fi
+  if [[ $(cat "$dir/NVCC") != "$(nvcc --version | grep release)" ]]; then
+    echo "PREBUILT: built by '$(cat "$dir/NVCC")', this machine has '$(nvcc --version | grep release)': building here"
+    return 1
+  fi
+  python3 -m pip install --no-deps --force-reinstall "${wheel[0]}" >"$OUT/build.log" 2>&1 \
+    || { tail -5 "$OUT/build.log"; echo "PREBUILT: the wheel did not install: building here"; return 1; }
+}
 if [[ -n "${SKIP_BUILD:-}" ]]; then
   if [[ ! -f $built_stamp ]] || ! python3 -c "import jax_tiled" 2>/dev/null; then
     echo "SKIP_BUILD: nothing built on this machine (a fresh one: the last was given back after 30 s idle); run without SKIP_BUILD"
@@ -55,6 +78,9 @@ if [[ -n "${SKIP_BUILD:-}" ]]; then
     exit 1
   fi
   note "build: skipped, the installed one (sources $sources) reused"
+elif prebuilt_wheel; then
+  echo "$sources" >"$built_stamp"
+  note "build: the wheel built elsewhere for sources $sources installed ($PREBUILT)"
 elif ! python3 -m pip install --no-build-isolation -v . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
 else
