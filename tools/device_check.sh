@@ -8,7 +8,8 @@
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
 #          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
 #          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1 | PREBUILT=prebuilt] \
-#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2] [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
+#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both] \
+#          [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
 #          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
 # KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
@@ -17,7 +18,9 @@
 # TEST_SHARD=i/n the i-th of n shards of about equal GPU time (n calls, i =
 # 1..n, make the whole suite; tools/test_shards.py deals the files by
 # tests/gpu_test_seconds.tsv: about 250 s a shard of two with 16 workers, if
-# nothing else shares the GPU). BASELINE=docs/perf compares with the newest
+# nothing else shares the GPU), or on a machine of two GPUs TEST_SHARD=both:
+# the two shards at once, one a GPU (CUDA_VISIBLE_DEVICES), logged apart.
+# BASELINE=docs/perf compares with the newest
 # baseline of this run's GPU there (tools/compare_baseline.py); given no bench
 # args, the bench then runs with that baseline's own.
 # One call runs at most 10 minutes: the suite alone takes about 7 with 16
@@ -90,26 +93,60 @@ fi
 
 repo=$PWD
 
-if [[ " $steps " == *" tests "* ]]; then
-  test_paths=()
-  if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": shard i of n, dealt by GPU time (tools/test_shards.py)
-    shard_files=$(python3 "$repo/tools/test_shards.py" "$TEST_SHARD") || exit 1
-    for t in $shard_files; do test_paths+=("$repo/$t"); done
-  else
-    for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
-  fi
-  # Workers share the GPU: each takes memory as it needs it, not 75% up front.
-  # Each test's time goes to test_times.tsv as it ends (tests/conftest.py).
+# One pytest run over the paths given, into $OUT/tests<suffix>.log; each
+# test's time goes to test_times<suffix>.tsv as it ends (tests/conftest.py).
+# Workers share the GPU: each takes memory as it needs it, not 75% up front.
+run_tests() {
+  local suffix=$1
+  shift
   JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    JAX_TILED_TEST_TIMES="$OUT/test_times.tsv" timeout "${TEST_TIMEOUT:-480}" \
+    JAX_TILED_TEST_TIMES="$OUT/test_times$suffix.tsv" timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
-    "${test_paths[@]}" >"$OUT/tests.log" 2>&1
-  rc=$?
-  note "tests (JAX_TILED_REQUIRE_GPU=1): rc=$rc :: $(grep -cE ' PASSED ' "$OUT/tests.log") passed, \
-$(grep -cE ' (FAILED|ERROR) ' "$OUT/tests.log") failed or errors$( ((rc == 124)) && echo ', cut short by TEST_TIMEOUT')"
-  grep -E ' (FAILED|ERROR) ' "$OUT/tests.log" | grep -oE 'tests/[^ ]+' | sort -u | head -40
-  echo "slowest tests (seconds; all in test_times.tsv, inside logs.tgz):"
-  sort -rn "$OUT/test_times.tsv" 2>/dev/null | head -12
+    "$@" >"$OUT/tests$suffix.log" 2>&1
+}
+
+# The summary of the run of that suffix, which exited with `rc`.
+report_tests() {
+  local suffix=$1 rc=$2 log="$OUT/tests$1.log"
+  note "tests$suffix (JAX_TILED_REQUIRE_GPU=1): rc=$rc :: $(grep -cE ' PASSED ' "$log") passed, \
+$(grep -cE ' (FAILED|ERROR) ' "$log") failed or errors$( ((rc == 124)) && echo ', cut short by TEST_TIMEOUT')"
+  grep -E ' (FAILED|ERROR) ' "$log" | grep -oE 'tests/[^ ]+' | sort -u | head -40
+  echo "slowest tests (seconds; all in test_times$suffix.tsv, inside logs.tgz):"
+  sort -rn "$OUT/test_times$suffix.tsv" 2>/dev/null | head -12
+}
+
+# The paths of shard "i/n" (tools/test_shards.py deals the files by GPU time).
+shard_paths() {
+  local files
+  files=$(python3 "$repo/tools/test_shards.py" "$1") || return 1
+  for t in $files; do echo "$repo/$t"; done
+}
+
+if [[ " $steps " == *" tests "* ]]; then
+  if [[ ${TEST_SHARD:-} == both ]]; then
+    # A machine of two GPUs or more: both shards at once, one a GPU.
+    gpus=$(nvidia-smi -L | wc -l)
+    ((gpus >= 2)) || { echo "TEST_SHARD=both needs two GPUs; this machine has $gpus"; exit 1; }
+    pids=()
+    for i in 1 2; do
+      mapfile -t paths < <(shard_paths "$i/2") && ((${#paths[@]})) || exit 1
+      CUDA_VISIBLE_DEVICES=$((i - 1)) run_tests "_$i" "${paths[@]}" &
+      pids+=($!)
+    done
+    for i in 1 2; do
+      wait "${pids[i - 1]}"
+      report_tests "_$i" $?
+    done
+  else
+    test_paths=()
+    if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": shard i of n
+      mapfile -t test_paths < <(shard_paths "$TEST_SHARD") && ((${#test_paths[@]})) || exit 1
+    else
+      for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
+    fi
+    run_tests "" "${test_paths[@]}"
+    report_tests "" $?
+  fi
 fi
 
 # Whether this compute-sanitizer offers an option (its --help, read once the
