@@ -347,6 +347,33 @@ def test_rows_are_padded_for_the_copy_engine_where_auto_then_runs_wgmma(
     assert f"{m}x{k}x{n} as {pm}x{pk}x{pn}" in explained.reason, explained
 
 
+@pytest.mark.skipif(not _ffi.cuda_module_built(), reason="this build has no CUDA module")
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_the_gradients_products_are_padded_too(dtype):
+    """The VJP's two products (dC @ B^T and A^T @ dC, their operands read as
+    stored) of an odd-sized product: every call's stored rows are whole
+    16-byte lines, so none falls back to mma; lowered for CUDA on any host."""
+    if _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        pytest.skip("the padding is for the Hopper kernel's copy engine")
+    m, k, n = 777, 1999, 513
+    specs = [jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)]
+
+    def loss(a, b):
+        return jnp.sum(jax_tiled.matmul(a, b).astype(jnp.float32) ** 2)
+
+    lowered = (
+        jax.jit(jax.grad(loss, argnums=(0, 1)))
+        .trace(*specs)
+        .lower(lowering_platforms=("cuda",))
+        .as_text()
+    )
+    calls = _call_operand_shapes(lowered)
+    assert len(calls) == 3, lowered
+    line = 16 // np.dtype(dtype).itemsize
+    for operands in calls:
+        assert all(shape[-1] % line == 0 for shape in operands), calls
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "name,dtype,precision,kernel,shape,padded",
