@@ -753,3 +753,27 @@ def test_scaling_tool_runs_on_the_shared_timing(tmp_path):
     ]
     ring = rows[2 * layouts.index("K-sharded, replicated")]
     assert ring["collectives"].get("collective-permute", 0) > 0, ring
+
+
+def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
+    """--pgle RUNS: each program profiled RUNS times, then recompiled with the
+    profile (a no-op on CPU devices, so only that it runs and says so)."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "scaling.json"
+    common = [sys.executable, str(script), "--size", "64", "--repeats", "5"]
+    result = subprocess.run(
+        [*common, "--layouts", "M-sharded", "--pgle", "1", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    written = json.loads(report.read_text())
+    assert written["pgle_profiling_runs"] == 1
+    assert [row["layout"] for row in written["rows"]] == ["M-sharded"]
+    refused = subprocess.run(
+        [*common, "--pgle", "-1"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
