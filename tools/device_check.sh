@@ -64,8 +64,10 @@ prebuilt_wheel() {
     echo "PREBUILT: the wheel is of sources $(cat "$dir/SOURCES"), the tree's are $sources: building here"
     return 1
   fi
-  if [[ $(cat "$dir/NVCC") != "$(nvcc --version | grep release)" ]]; then
-    echo "PREBUILT: built by '$(cat "$dir/NVCC")', this machine has '$(nvcc --version | grep release)': building here"
+  local nvcc_here
+  nvcc_here=$(nvcc --version | grep release)
+  if [[ $(cat "$dir/NVCC") != "$nvcc_here" ]]; then
+    echo "PREBUILT: built by '$(cat "$dir/NVCC")', this machine has '$nvcc_here': building here"
     return 1
   fi
   python3 -m pip install --no-deps --force-reinstall "${wheel[0]}" >"$OUT/build.log" 2>&1 \
