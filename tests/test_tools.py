@@ -334,6 +334,47 @@ def test_ab_bench_installs_a_wheel_before_and_can_take_the_installed_build_after
     assert sorted(str(source) for source, _ in built) == sorted([str(wheel), str(ab.ROOT)])
 
 
+def test_prebuild_hopper_builds_a_git_revision_whole(tmp_path):
+    """tools/prebuild_hopper.sh REV OUT archives the revision's whole tree (a
+    wheel built from a few of its paths once shipped no LICENSE) and names
+    the wheel by that tree's sources; a name that is neither a directory nor
+    a revision is refused. pip and nvcc are stand-ins here."""
+    root = Path(__file__).resolve().parent.parent
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # python -m pip wheel --no-deps -w OUT SOURCES: a wheel where the sources ship LICENSE.
+    fake_python = bin_dir / "python"
+    fake_python.write_text(
+        '#!/usr/bin/env bash\n[[ -f "$7/LICENSE" && -f "$7/pyproject.toml" ]] || exit 3\n'
+        'touch "$6/jax_tiled-0.1.0-cp312-cp312-linux_x86_64.whl"\n'
+    )
+    (bin_dir / "nvcc").write_text(
+        "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(fake_python), "HOME": str(tmp_path)}
+    script = root / "tools" / "prebuild_hopper.sh"
+
+    def prebuild(*args):
+        return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True)
+
+    out = tmp_path / "wheel"
+    done = prebuild("HEAD", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "jax_tiled-0.1.0-cp312-cp312-linux_x86_64.whl").exists()
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    subprocess.run(f"git -C {root} archive HEAD | tar -x -C {tree}", shell=True, check=True)
+    want = subprocess.run(
+        ["bash", str(root / "tools" / "sources_hash.sh")], cwd=tree, capture_output=True, text=True
+    ).stdout
+    assert (out / "SOURCES").read_text() == want and len(want.strip()) == 12
+    assert "release 13.0" in (out / "NVCC").read_text()
+    refused = prebuild("no-such-revision", str(tmp_path / "none"))
+    assert refused.returncode == 1 and "neither a directory nor a git revision" in refused.stderr
+
+
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):
     shards_tool = load_repository_module("tools/test_shards.py")
     seconds = {"test_a.py": 100.0, "test_b.py": 60.0, "test_c.py": 50.0, "test_d.py": 10.0}

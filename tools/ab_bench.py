@@ -1,7 +1,6 @@
 """Two builds of jax_tiled timed in alternated processes: a change's speed.
 
-    git archive BEFORE cpp jax_tiled cmake CMakeLists.txt pyproject.toml README.md \
-        | (mkdir -p ab_before && tar -x -C ab_before)        # here, before the device call
+    mkdir -p ab_before && git archive BEFORE | tar -x -C ab_before   # here, before the call
     python3 tools/ab_bench.py ab_before [--rounds 3] [--timeout 240] [--out DIR] \
         -- --dtype bfloat16 --shapes 4096^3,8192^3              # on the GPU machine
 

@@ -19,7 +19,9 @@
 # 1..n, make the whole suite; tools/test_shards.py deals the files by
 # tests/gpu_test_seconds.tsv: about 250 s a shard of two with 16 workers, if
 # nothing else shares the GPU), or on a machine of two GPUs TEST_SHARD=both:
-# the two shards at once, one a GPU (CUDA_VISIBLE_DEVICES), logged apart.
+# the two shards at once, one a GPU (CUDA_VISIBLE_DEVICES), logged apart;
+# they share the host, and on two H100s (2026-11-26) a shard ran past 400 s
+# (test_bench_pallas.py's sweep alone 317 s): give them TEST_TIMEOUT=540.
 # BASELINE=docs/perf compares with the newest
 # baseline of this run's GPU there (tools/compare_baseline.py); given no bench
 # args, the bench then runs with that baseline's own.
