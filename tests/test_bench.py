@@ -756,14 +756,16 @@ def test_scaling_tool_runs_on_the_shared_timing(tmp_path):
 
 
 def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
-    """--pgle RUNS: each program profiled RUNS times, then recompiled with the
-    profile (a no-op on CPU devices, so only that it runs and says so)."""
+    """--pgle RUNS: each program traced for RUNS calls, then compiled again
+    with the profile (empty on CPU devices, so only that it runs and says so);
+    --schedule prints the order of each of our programs' collectives and kernels."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
     common = [sys.executable, str(script), "--size", "64", "--repeats", "5"]
+    layouts = ["M-sharded", "K-sharded, replicated"]
     result = subprocess.run(
-        [*common, "--layouts", "M-sharded", "--pgle", "1", "--json", str(report)],
+        [*common, "--layouts", *layouts, "--pgle", "1", "--schedule", "--json", str(report)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -772,7 +774,15 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     written = json.loads(report.read_text())
     assert written["pgle_profiling_runs"] == 1
-    assert [row["layout"] for row in written["rows"]] == ["M-sharded"]
+    assert [row["layout"] for row in written["rows"]] == layouts
+    local, ring = written["rows"]
+    assert local["schedule"] == ["custom-call"], local  # no communication
+    # The ring: a kernel per step, the partial sums passed between them.
+    assert ring["schedule"].count("custom-call") == 4, ring
+    assert any(op.startswith("collective-permute") for op in ring["schedule"]), ring
+    assert ring["pgle_profile_bytes"] == 0 and ring["jnp_pgle_profile_bytes"] == 0
+    printed = [line for line in result.stdout.splitlines() if line.startswith("  schedule: ")]
+    assert printed == [f"  schedule: {' '.join(row['schedule'])}" for row in written["rows"]]
     refused = subprocess.run(
         [*common, "--pgle", "-1"], capture_output=True, text=True, timeout=300, env=env
     )

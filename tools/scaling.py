@@ -2,7 +2,7 @@
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--no-overlap] [--devices 2]
-        [--pgle 3] [--json scaling.json]
+        [--pgle 3] [--schedule] [--json scaling.json]
 
 Times each layout below on 1 device and on `--devices` (default: every device
 of the machine), for jax_tiled.matmul and for jnp.matmul under the same
@@ -20,28 +20,37 @@ the overlap turned off. Every product is checked against jnp.matmul's on the
 same sharding and against ours on one device before it is timed. `--json`
 writes the rows, the device and the arguments.
 
-`--pgle RUNS` times every program, ours and jnp's, as jax's profile-guided
-latency estimation compiles it (`jax_enable_pgle`): RUNS profiled calls,
-then a compilation whose scheduler knows each kernel's measured time. XLA's
-own estimate knows cuBLAS's products, not a custom call's; with it the
-all-gather ring's transfer was scheduled to end before the first product
-that it should run beside (docs/sharding.md). The collectives are counted
-in the program compiled without the profile (a profile moves them, it does
-not add or remove them).
+`--pgle RUNS` times every program, ours and jnp's, as profile-guided
+latency estimation compiles it: RUNS calls of the program traced with
+jax.profiler, their profile read (jax.experimental.profiler's
+get_profiled_instructions_proto), the program compiled again with it
+(compiler option `fdo_profile`), so that the scheduler knows each kernel's
+measured time. XLA's own estimate knows cuBLAS's products, not a custom
+call's; with it the all-gather ring's transfer was scheduled to end before
+the first product that it should run beside (docs/sharding.md). The rows
+give each profile's size (empty on CPU devices). `--schedule` prints under
+each of our rows the order of the timed program's entry computation: its
+collectives (an async pair as -start and -done), custom calls (our
+kernels), fusions and dynamic-update-slices, where the scheduler's choices
+show.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
+import os
 import re
 import statistics
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.profiler import get_profiled_instructions_proto
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -71,6 +80,38 @@ def collectives(compiled_text: str) -> dict[str, int]:
     for match in COLLECTIVE.finditer(compiled_text):
         counts[match.group(1)] = counts.get(match.group(1), 0) + 1
     return counts
+
+
+# An instruction of a compiled program's text: its opcode, after the result's
+# shape (a tuple's in parentheses), before its operands.
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?:\(.*?\)|\S+) ([a-z][a-z0-9-]*)\(")
+# What --schedule shows of the entry computation (the rest moves no data).
+SCHEDULED = re.compile(
+    r"(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(-start|-done)?"
+    r"|custom-call|fusion|dynamic-update-slice|call|while"
+)
+
+
+def schedule(compiled_text: str) -> list[str]:
+    """The opcodes of the entry computation's collectives, custom calls,
+    fusions, calls and dynamic-update-slices, in the order XLA scheduled them."""
+    entry = compiled_text[compiled_text.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}")]
+    ops = (match.group(1) for match in map(INSTRUCTION.match, entry.splitlines()) if match)
+    return [op for op in ops if SCHEDULED.fullmatch(op)]
+
+
+def profile_guided(lowered, compiled, a, b, runs: int):
+    """`lowered` compiled again with the profile of `runs` calls of `compiled`
+    (profile-guided latency estimation), and the profile's size in bytes."""
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(runs):
+            jax.block_until_ready(compiled(a, b))
+        jax.profiler.stop_trace()
+        run_dirs = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "")))
+        profile = get_profiled_instructions_proto(run_dirs[-1])
+    return lowered.compile(compiler_options={"fdo_profile": profile}), len(profile)
 
 
 def median_seconds(fn, a, b, repeats: int, calls: int = 10) -> float:
@@ -122,16 +163,18 @@ def main(argv=None) -> int:
         type=int,
         default=0,
         metavar="RUNS",
-        help="compile with jax's profile-guided latency estimation after RUNS profiled calls "
-        "(default 0: off)",
+        help="compile with the profile of RUNS calls (profile-guided latency estimation; "
+        "default 0: off)",
+    )
+    parser.add_argument(
+        "--schedule",
+        action="store_true",
+        help="print the order of each of our programs' collectives, kernels and fusions",
     )
     parser.add_argument("--json", metavar="PATH", help="write the rows here")
     args = parser.parse_args(argv)
     if args.pgle < 0:
         parser.error(f"--pgle must be at least 0, got {args.pgle}")
-    if args.pgle:
-        jax.config.update("jax_enable_pgle", True)
-        jax.config.update("jax_pgle_profiling_runs", args.pgle)
     devices = jax.devices()
     count = args.devices or len(devices)
     if not 2 <= count <= len(devices):
@@ -166,7 +209,8 @@ def main(argv=None) -> int:
         variants.append(("no overlap", dict(enabled=False)))
 
     def timed(matmul, mesh, specs, settings):
-        """Seconds per product, the result, and the compiled program's collectives."""
+        """Seconds per product, the result, and the timed program's text and
+        profile size (bytes; 0 without --pgle)."""
         a_spec, b_spec, out_spec = specs
         a, b = problems[len(a_spec)]
         a_s = jax.device_put(a, NamedSharding(mesh, a_spec))
@@ -176,24 +220,21 @@ def main(argv=None) -> int:
                 lambda x, y: matmul(x, y, precision=args.precision),
                 out_shardings=NamedSharding(mesh, out_spec),
             )
-            # Compiled once, the program that runs and whose collectives are
-            # counted; under --pgle jit's own dispatch runs (it profiles the
-            # first calls, then recompiles), the collectives the same.
-            compiled = jitted.lower(a_s, b_s).compile()
-            fn = jitted if args.pgle else compiled
-            for _ in range(args.pgle):
-                jax.block_until_ready(fn(a_s, b_s))
-            out = fn(a_s, b_s)
-            seconds = median_seconds(fn, a_s, b_s, args.repeats)
-            return seconds, out, collectives(compiled.as_text())
+            lowered = jitted.lower(a_s, b_s)
+            compiled, profile_bytes = lowered.compile(), 0
+            if args.pgle:
+                compiled, profile_bytes = profile_guided(lowered, compiled, a_s, b_s, args.pgle)
+            out = compiled(a_s, b_s)
+            seconds = median_seconds(compiled, a_s, b_s, args.repeats)
+            return seconds, out, compiled.as_text(), profile_bytes
 
     one = Mesh(np.array(devices[:1]), ("x",))
     single = {}  # rank -> (ours, jnp) one-device seconds
     single_out = {}  # rank -> our one-device result
     for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts}):
         plain = (P(*[None] * rank),) * 3
-        t1_ours, expected, _ = timed(jax_tiled.matmul, one, plain, {})
-        t1_jnp, _, _ = timed(jnp.matmul, one, plain, {})
+        t1_ours, expected, _, _ = timed(jax_tiled.matmul, one, plain, {})
+        t1_jnp, _, _, _ = timed(jnp.matmul, one, plain, {})
         check(expected, jnp.matmul(*problems[rank], precision=args.precision), args.dtype)
         single[rank] = (t1_ours, t1_jnp)
         single_out[rank] = expected
@@ -211,9 +252,11 @@ def main(argv=None) -> int:
     for layout in args.layouts:
         specs = LAYOUTS[layout]
         t1_ours, t1_jnp = single[len(specs[0])]
-        t_jnp, reference, jnp_ops = timed(jnp.matmul, mesh, specs, {})
+        t_jnp, reference, jnp_text, jnp_profile = timed(jnp.matmul, mesh, specs, {})
+        jnp_ops = collectives(jnp_text)
         for label, settings in variants:
-            t, out, ops = timed(jax_tiled.matmul, mesh, specs, settings)
+            t, out, text, profile = timed(jax_tiled.matmul, mesh, specs, settings)
+            ops = collectives(text)
             check(out, reference, args.dtype)  # jnp's on the same sharding
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
@@ -223,6 +266,8 @@ def main(argv=None) -> int:
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
                 + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")
             )
+            if args.schedule:
+                print(f"  schedule: {' '.join(schedule(text))}")
             rows.append(
                 dict(
                     layout=layout,
@@ -236,6 +281,9 @@ def main(argv=None) -> int:
                     ratio=t_jnp / t,
                     collectives=ops,
                     jnp_collectives=jnp_ops,
+                    schedule=schedule(text),
+                    pgle_profile_bytes=profile,
+                    jnp_pgle_profile_bytes=jnp_profile,
                 )
             )
     if args.json:
