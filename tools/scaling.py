@@ -85,7 +85,8 @@ def collectives(compiled_text: str) -> dict[str, int]:
 # An instruction of a compiled program's text: its opcode, after the result's
 # shape (a tuple's in parentheses), before its operands.
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?\S+ = (?:\(.*?\)|\S+) ([a-z][a-z0-9-]*)\(")
-# What --schedule shows of the entry computation (the rest moves no data).
+# What --schedule shows of the entry computation (not its parameters, tuples,
+# bitcasts, copies and the like).
 SCHEDULED = re.compile(
     r"(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(-start|-done)?"
     r"|custom-call|fusion|dynamic-update-slice|call|while"
