@@ -375,6 +375,77 @@ def test_prebuild_hopper_builds_a_git_revision_whole(tmp_path):
     assert refused.returncode == 1 and "neither a directory nor a git revision" in refused.stderr
 
 
+def test_two_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
+    """tools/two_gpu_check.sh with a stand-in for device_check.sh that logs its
+    settings. MODE=check: the wheel installed first, the suite's shards at once,
+    then the sanitizers on GPU 0 beside --accuracy on GPU 1, each on the
+    installed build; the logs packed into one archive, the JSON beside it.
+    MODE=timing: the benchmark alone on GPU 0."""
+    root = Path(__file__).resolve().parent.parent
+    calls = tmp_path / "calls.log"
+    stand_in = tmp_path / "device_check.sh"
+    stand_in.write_text(
+        'mkdir -p "$OUT"\n'
+        'echo "STEPS=$STEPS SKIP_BUILD=${SKIP_BUILD:-} TEST_SHARD=${TEST_SHARD:-} '
+        "GPU=${CUDA_VISIBLE_DEVICES:-} KERNELS=${KERNELS:-} BASELINE=${BASELINE:-} "
+        'ACCURACY_ARGS=${ACCURACY_ARGS:-}" >> ' + str(calls) + "\n"
+        '[[ $STEPS == accuracy ]] && echo "{}" > "$OUT/accuracy.json"\n'
+        'echo "== $STEPS: ok"\n'
+    )
+    out = tmp_path / "out"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "OUT": str(out),
+        "DEVICE_CHECK": str(stand_in),
+        "PREBUILT": "prebuilt",
+        "ACCURACY_ARGS": "--dtype bfloat16",
+    }
+    script = root / "tools" / "two_gpu_check.sh"
+
+    def two_gpu_check(**settings):
+        return subprocess.run(
+            ["bash", str(script)], env={**env, **settings}, capture_output=True, text=True
+        )
+
+    done = two_gpu_check()
+    assert done.returncode == 0, done.stdout + done.stderr
+    logged = calls.read_text().splitlines()
+    assert logged[:2] == [
+        "STEPS=none SKIP_BUILD= TEST_SHARD= GPU= KERNELS= BASELINE= ACCURACY_ARGS=--dtype bfloat16",
+        "STEPS=tests SKIP_BUILD=1 TEST_SHARD=both GPU= KERNELS= BASELINE= "
+        "ACCURACY_ARGS=--dtype bfloat16",
+    ]
+    assert sorted(logged[2:]) == [
+        "STEPS=accuracy SKIP_BUILD=1 TEST_SHARD= GPU=1 KERNELS= BASELINE= "
+        "ACCURACY_ARGS=--dtype bfloat16",
+        "STEPS=sanitize SKIP_BUILD=1 TEST_SHARD= GPU=0 KERNELS=wgmma BASELINE= "
+        "ACCURACY_ARGS=--dtype bfloat16",
+    ]
+    for summary in ("== none: ok", "== tests: ok", "== sanitize: ok", "== accuracy: ok"):
+        assert summary in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.json", "all.tgz"]
+    calls.unlink()
+    timing = two_gpu_check(MODE="timing")
+    assert timing.returncode == 0, timing.stdout + timing.stderr
+    assert calls.read_text().splitlines()[1:] == [
+        "STEPS=bench SKIP_BUILD=1 TEST_SHARD= GPU=0 KERNELS= BASELINE=docs/perf "
+        "ACCURACY_ARGS=--dtype bfloat16"
+    ]
+    half = two_gpu_check(MODE="timing", AB_BEFORE="prebuilt_before")
+    assert half.returncode == 2 and "needs both AB_BEFORE and AB_ARGS" in half.stdout
+    other = two_gpu_check(MODE="other")
+    assert other.returncode == 2 and "check or timing" in other.stdout
+    # A failed test (a summary line's non-zero rc) fails the call; the steps after it run.
+    failing = tmp_path / "failing.sh"
+    failing.write_text(
+        'mkdir -p "$OUT"\n'
+        '[[ $STEPS == tests ]] && echo "== tests_1: rc=1 :: 1 failed" || echo "== $STEPS: ok"\n'
+    )
+    failed = two_gpu_check(DEVICE_CHECK=str(failing))
+    assert failed.returncode == 1 and "== sanitize: ok" in failed.stdout, failed
+
+
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):
     shards_tool = load_repository_module("tools/test_shards.py")
     seconds = {"test_a.py": 100.0, "test_b.py": 60.0, "test_c.py": 50.0, "test_d.py": 10.0}

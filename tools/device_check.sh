@@ -7,7 +7,8 @@
 # they are); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
 #          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
-#          [ACCURACY_KERNELS="auto wgmma"] [SKIP_BUILD=1 | PREBUILT=prebuilt] \
+#          [ACCURACY_KERNELS="auto wgmma"] [ACCURACY_ARGS="--dtype bfloat16 --shapes ..."] \
+#          [SKIP_BUILD=1 | PREBUILT=prebuilt] \
 #          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both] \
 #          [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
@@ -235,8 +236,9 @@ if [[ " $steps " == *" accuracy "* ]]; then
   kernel_args=(); for k in ${ACCURACY_KERNELS:-auto}; do kernel_args+=(--kernels "$k"); done
   # No preallocation: it may share the GPU with a test shard, whose 16 workers
   # crashed (segfaults, cuSolver handles not made) beside one holding 75% of it.
+  # shellcheck disable=SC2086
   XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m jax_tiled.bench --accuracy --no-progress "${kernel_args[@]}" \
-    --json "$OUT/accuracy.json" >"$OUT/accuracy.log" 2>"$OUT/accuracy.err"
+    ${ACCURACY_ARGS:-} --json "$OUT/accuracy.json" >"$OUT/accuracy.log" 2>"$OUT/accuracy.err"
   note "accuracy: rc=$? :: $(grep -E 'rows miss' "$OUT/accuracy.err")"
   grep -E 'ERR|BIAS' "$OUT/accuracy.log" | grep -v '^flag:'
 fi
