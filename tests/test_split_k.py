@@ -34,10 +34,13 @@ IN_ONE_CLUSTER = [(1, 128, 1024, 4096), (1, 120, 1000, 3000), (3, 72, 264, 1544)
 # ... across clusters, in every input type (on an H100, into 32 to 44 parts,
 # some not a power of two):
 ACROSS_CLUSTERS = [(1, 200, 136, 40000), (2, 72, 264, 40000)]
+# 16-bit results on 128 x 256 tiles (on an H100: K in 4 within one cluster,
+# and in 32 across 4 clusters a tile); their float32 results on 128 x 128 ones:
+WIDE = [(1, 1024, 1024, 4096), (1, 256, 512, 40000)]
 # A few rows (16-bit inputs: C^T = B^T A^T on 128 x 64 tiles, their K split),
 # within one cluster and, batched over a deep K, across clusters:
 FEW_ROWS = [(1, 8, 136, 8200), (1, 16, 1000, 4104), (2, 40, 264, 20000)]
-SHAPES = IN_ONE_CLUSTER + FEW_ROWS + ACROSS_CLUSTERS
+SHAPES = IN_ONE_CLUSTER + FEW_ROWS + ACROSS_CLUSTERS + WIDE
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +68,30 @@ def test_auto_splits_k_only_where_tiles_leave_sms_idle():
         "wgmma", jnp.bfloat16, jnp.bfloat16, (1, 1, 256, 256, 65536, False, False)
     )
     assert deep.split_groups > 1 and "from scratch" in deep.text, deep
-    blocks = 4 * deep.split_k * deep.split_groups
+    tiles = (256 // deep.block_m) * (256 // deep.block_n)
+    blocks = tiles * deep.split_k * deep.split_groups
     assert _ffi.cuda_multiprocessors() / 2 <= blocks <= _ffi.cuda_multiprocessors(), deep
+
+
+def test_16_bit_results_split_k_on_wide_tiles_where_k_is_deep():
+    """128 x 256 tiles read each slab of A for twice the columns; their parts
+    are one running sum each (no room for blocked sums), so float32 results
+    keep the 128 x 128 split."""
+
+    def plan(m, k, n, dtype, out_dtype):
+        return _ffi.cuda_plan("wgmma", dtype, out_dtype, (1, 1, m, n, k, False, False))
+
+    for dtype in (jnp.bfloat16, jnp.float16):
+        wide = plan(1024, 32768, 1024, dtype, dtype)
+        assert (wide.block_n, wide.split_k) == (256, 4) and wide.split_groups == 1, wide
+        deep = plan(256, 65536, 256, dtype, dtype)
+        assert deep.block_n == 256 and deep.split_groups > 1, deep
+        assert plan(1024, 32768, 1024, dtype, np.float32).block_n == 128
+    assert plan(1024, 32768, 1024, np.float32, np.float32).block_n == 128
+    # As many blocks on 128 x 128 tiles as on the wide ones: those are kept.
+    assert plan(512, 8192, 512, jnp.bfloat16, jnp.bfloat16).block_n == 128
+    # Columns that one 128-wide tile holds: wide tiles would only add padding.
+    assert plan(136, 40000, 72, jnp.bfloat16, jnp.bfloat16).block_n == 128
 
 
 @pytest.mark.parametrize("dtype,precision", PRODUCTS, ids=PRODUCT_IDS)

@@ -1084,23 +1084,23 @@ inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int block_n, int multiproce
 }
 
 // Whether 128 x 256 tiles split K (WgmmaSplitKWide) rather than 128 x 128
-// ones: for 16-bit inputs into a 16-bit result (whose rounding hides the
-// parts' one running sums: tools/tensor_core_sums.py predicts 2.5e-5 error
-// for a float32 result at 1024x32768x1024, on positive inputs, against 1.5e-7
-// with the narrow tiles' blocked sums), where the wide split runs as many
-// blocks as the narrow one and each keeps kSlabsPerBlockAcrossClusters slabs
-// or more: where K is deep, so that operand traffic, not the partial sums'
-// reduction (twice the bytes a block), is what the split's blocks wait on.
+// ones: for 16-bit inputs into a 16-bit result, whose rounding hides the
+// parts' one running sums (a float32 result would not: NOTES.md, "K split on
+// 128 x 256 tiles", the model's figures), where the wide tiles are fewer
+// (N past 128 columns), their split runs as many blocks as the narrow one,
+// and each block keeps kSlabsPerBlockAcrossClusters slabs or more: where K
+// is deep, so that operand traffic, not the partial sums' reduction (twice
+// the bytes a block), is what the split's blocks wait on.
 inline bool WgmmaSplitsWide(const MatmulDims& d, bool sixteen_bit_result, int multiprocessors,
                             int slab_depth, ClustersHeld held) {
   if (!sixteen_bit_result) return false;
   const WgmmaSplit wide = WgmmaSplitFor(d, 256, multiprocessors, slab_depth, held);
   const WgmmaSplit narrow = WgmmaSplitFor(d, 128, multiprocessors, slab_depth, held);
   const int64_t rows = d.batch * ((d.m + 127) / 128);
-  const int64_t wide_blocks = rows * ((d.n + 255) / 256) * wide.Total();
-  const int64_t narrow_blocks = rows * ((d.n + 127) / 128) * narrow.Total();
+  const int64_t wide_tiles = rows * ((d.n + 255) / 256), narrow_tiles = rows * ((d.n + 127) / 128);
   const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
-  return wide.Total() > 1 && wide_blocks >= narrow_blocks &&
+  return wide_tiles < narrow_tiles && wide.Total() > 1 &&
+         wide_tiles * wide.Total() >= narrow_tiles * narrow.Total() &&
          slabs / wide.Total() >= kSlabsPerBlockAcrossClusters;
 }
 
