@@ -1090,7 +1090,10 @@ inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int block_n, int multiproce
 // (N past 128 columns), their split runs as many blocks as the narrow one,
 // and each block keeps kSlabsPerBlockAcrossClusters slabs or more: where K
 // is deep, so that operand traffic, not the partial sums' reduction (twice
-// the bytes a block), is what the split's blocks wait on.
+// the bytes a block), is what the split's blocks wait on. Not where the
+// narrow split already crosses clusters: there the wide one doubles the
+// partial sums that the second kernel adds, and measured slower on the H100
+// (NOTES.md: 256x65536x256 by 10%, 256x40000x512 by 5%).
 inline bool WgmmaSplitsWide(const MatmulDims& d, bool sixteen_bit_result, int multiprocessors,
                             int slab_depth, ClustersHeld held) {
   if (!sixteen_bit_result) return false;
@@ -1099,7 +1102,7 @@ inline bool WgmmaSplitsWide(const MatmulDims& d, bool sixteen_bit_result, int mu
   const int64_t rows = d.batch * ((d.m + 127) / 128);
   const int64_t wide_tiles = rows * ((d.n + 255) / 256), narrow_tiles = rows * ((d.n + 127) / 128);
   const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
-  return wide_tiles < narrow_tiles && wide.Total() > 1 &&
+  return wide_tiles < narrow_tiles && wide.Total() > 1 && narrow.groups == 1 &&
          wide_tiles * wide.Total() >= narrow_tiles * narrow.Total() &&
          slabs / wide.Total() >= kSlabsPerBlockAcrossClusters;
 }
