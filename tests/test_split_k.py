@@ -92,7 +92,8 @@ def test_16_bit_results_split_k_on_wide_tiles_where_k_is_deep():
         deep = plan(256, 65536, 256, dtype, dtype)
         assert deep.block_n == 128 and deep.split_groups > 1, deep
     assert plan(1024, 32768, 1024, np.float32, np.float32).block_n == 128
-    # As many blocks on 128 x 128 tiles as on the wide ones: those are kept.
+    # The wide split would leave each block 16 slabs (on an H100) or run fewer
+    # blocks than the narrow one (on 132 SMs as explain assumes them): kept narrow.
     assert plan(512, 8192, 512, jnp.bfloat16, jnp.bfloat16).block_n == 128
     # Columns that one 128-wide tile holds: wide tiles would only add padding.
     assert plan(136, 40000, 72, jnp.bfloat16, jnp.bfloat16).block_n == 128

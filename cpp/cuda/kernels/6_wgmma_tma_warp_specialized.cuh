@@ -1083,17 +1083,23 @@ inline WgmmaSplit WgmmaSplitFor(const MatmulDims& d, int block_n, int multiproce
   return spared >= kSlabsSparedAcrossClusters ? across : within;
 }
 
+// Slabs a block of the wide split keeps at least: it halves each block's K
+// against the narrow split of as many blocks, and its partial sums are twice
+// the bytes to reduce. Measured on the H100 (NOTES.md, "K split on 128 x 256
+// tiles"): 16 slabs a block (512x8192x512) 10% slower than the narrow split,
+// 32 (1024x8192x1024) 5-7% faster.
+inline constexpr int64_t kSlabsPerWideSplitBlock = 32;
+
 // Whether 128 x 256 tiles split K (WgmmaSplitKWide) rather than 128 x 128
 // ones: for 16-bit inputs into a 16-bit result, whose rounding hides the
-// parts' one running sums (a float32 result would not: NOTES.md, "K split on
-// 128 x 256 tiles", the model's figures), where the wide tiles are fewer
-// (N past 128 columns), their split runs as many blocks as the narrow one,
-// and each block keeps kSlabsPerBlockAcrossClusters slabs or more: where K
-// is deep, so that operand traffic, not the partial sums' reduction (twice
-// the bytes a block), is what the split's blocks wait on. Not where the
-// narrow split already crosses clusters: there the wide one doubles the
-// partial sums that the second kernel adds, and measured slower on the H100
-// (NOTES.md: 256x65536x256 by 10%, 256x40000x512 by 5%).
+// parts' one running sums (a float32 result would not: NOTES.md, the model's
+// figures), where the wide tiles are fewer (N past 128 columns), their split
+// runs as many blocks as the narrow one, and each block keeps
+// kSlabsPerWideSplitBlock slabs or more: where K is deep, so that operand
+// traffic, not the partial sums' reduction, is what the split's blocks wait
+// on. Not where the narrow split already crosses clusters: there the wide
+// one doubles the partial sums that the second kernel adds, and measured
+// slower on the H100 (256x65536x256 by 10%, 256x40000x512 by 5%).
 inline bool WgmmaSplitsWide(const MatmulDims& d, bool sixteen_bit_result, int multiprocessors,
                             int slab_depth, ClustersHeld held) {
   if (!sixteen_bit_result) return false;
@@ -1104,7 +1110,7 @@ inline bool WgmmaSplitsWide(const MatmulDims& d, bool sixteen_bit_result, int mu
   const int64_t slabs = (d.k + slab_depth - 1) / slab_depth;
   return wide_tiles < narrow_tiles && wide.Total() > 1 && narrow.groups == 1 &&
          wide_tiles * wide.Total() >= narrow_tiles * narrow.Total() &&
-         slabs / wide.Total() >= kSlabsPerBlockAcrossClusters;
+         slabs / wide.Total() >= kSlabsPerWideSplitBlock;
 }
 
 // The pieces a configuration runs with: its scheduler and its epilogue.
