@@ -269,7 +269,7 @@ def schedules(tf32: TensorCore, bf16: TensorCore) -> dict[str, Schedule]:
         Schedule("bf16 inputs, few rows, K split in 2, 64-k partials in groups of 8 (as built)",
                  one_part(bf16_round), ((0, 0),), 64, bf16, input_dtype=bf16_round, k_parts=2,
                  group=8),
-        # 16-bit products split on 128 x 256 tiles (branch wide-split-k): no
+        # 16-bit products split on 128 x 256 tiles (WgmmaSplitKWide): no
         # room for blocked sums, each of 4 parts one running sum (1024 x 32768
         # x 1024); the 128 x 128 split's is the few rows' design above.
         Schedule("bf16 inputs, 128 x 256 tiles, K split in 4, one running sum a part",
