@@ -375,8 +375,8 @@ def test_prebuild_hopper_builds_a_git_revision_whole(tmp_path):
     assert refused.returncode == 1 and "neither a directory nor a git revision" in refused.stderr
 
 
-def test_two_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
-    """tools/two_gpu_check.sh with a stand-in for device_check.sh that logs its
+def test_multi_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
+    """tools/multi_gpu_check.sh with a stand-in for device_check.sh that logs its
     settings. MODE=check: the wheel installed first, the suite's shards at once,
     then the sanitizers on GPU 0 beside --accuracy on GPU 1, each on the
     installed build; the logs packed into one archive, the JSON beside it.
@@ -401,19 +401,19 @@ def test_two_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
         "PREBUILT": "prebuilt",
         "ACCURACY_ARGS": "--dtype bfloat16",
     }
-    script = root / "tools" / "two_gpu_check.sh"
+    script = root / "tools" / "multi_gpu_check.sh"
 
-    def two_gpu_check(**settings):
+    def multi_gpu_check(**settings):
         return subprocess.run(
             ["bash", str(script)], env={**env, **settings}, capture_output=True, text=True
         )
 
-    done = two_gpu_check()
+    done = multi_gpu_check()
     assert done.returncode == 0, done.stdout + done.stderr
     logged = calls.read_text().splitlines()
     assert logged[:2] == [
         "STEPS=none SKIP_BUILD= TEST_SHARD= GPU= KERNELS= BASELINE= ACCURACY_ARGS=--dtype bfloat16",
-        "STEPS=tests SKIP_BUILD=1 TEST_SHARD=both GPU= KERNELS= BASELINE= "
+        "STEPS=tests SKIP_BUILD=1 TEST_SHARD=each GPU= KERNELS= BASELINE= "
         "ACCURACY_ARGS=--dtype bfloat16",
     ]
     assert sorted(logged[2:]) == [
@@ -426,15 +426,15 @@ def test_two_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
         assert summary in done.stdout
     assert sorted(p.name for p in out.iterdir()) == ["accuracy.json", "all.tgz"]
     calls.unlink()
-    timing = two_gpu_check(MODE="timing")
+    timing = multi_gpu_check(MODE="timing")
     assert timing.returncode == 0, timing.stdout + timing.stderr
     assert calls.read_text().splitlines()[1:] == [
         "STEPS=bench SKIP_BUILD=1 TEST_SHARD= GPU=0 KERNELS= BASELINE=docs/perf "
         "ACCURACY_ARGS=--dtype bfloat16"
     ]
-    half = two_gpu_check(MODE="timing", AB_BEFORE="prebuilt_before")
+    half = multi_gpu_check(MODE="timing", AB_BEFORE="prebuilt_before")
     assert half.returncode == 2 and "needs both AB_BEFORE and AB_ARGS" in half.stdout
-    other = two_gpu_check(MODE="other")
+    other = multi_gpu_check(MODE="other")
     assert other.returncode == 2 and "check or timing" in other.stdout
     # A failed test (a summary line's non-zero rc) fails the call; the steps after it run.
     failing = tmp_path / "failing.sh"
@@ -442,8 +442,69 @@ def test_two_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
         'mkdir -p "$OUT"\n'
         '[[ $STEPS == tests ]] && echo "== tests_1: rc=1 :: 1 failed" || echo "== $STEPS: ok"\n'
     )
-    failed = two_gpu_check(DEVICE_CHECK=str(failing))
+    failed = multi_gpu_check(DEVICE_CHECK=str(failing))
     assert failed.returncode == 1 and "== sanitize: ok" in failed.stdout, failed
+
+
+def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
+    """tools/device_check.sh TEST_SHARD=each on a machine of four GPUs (stand-ins
+    for nvidia-smi and for pytest, which log what they were asked): four
+    pytest runs, one a GPU, whose test files together are the suite's, each
+    file once; TEST_SHARD=both there runs two; one GPU refuses either."""
+    root = Path(__file__).resolve().parent.parent
+    bin_dir, runs = tmp_path / "bin", tmp_path / "runs.log"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/bash\nif [[ $1 == -L ]]; then for ((i = 0; i < ${GPUS:-4}; i++)); do "
+        'echo "GPU $i: stand-in"; done; else echo "stand-in, 0, 80 GiB"; fi\n'
+    )
+    (bin_dir / "python3").write_text(
+        "#!/bin/bash\n"
+        "if [[ $1 == -m && $2 == pytest ]]; then\n"
+        '  echo "GPU=$CUDA_VISIBLE_DEVICES ${*}" >> ' + str(runs) + "\n"
+        '  echo "tests/test_x.py::t PASSED"; exit 0\n'
+        "fi\n"
+        "[[ $1 == -c ]] && exit 0\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    sources = subprocess.run(
+        ["bash", "tools/sources_hash.sh"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (tmp_path / "jax_tiled_built_sources").write_text(sources + "\n")
+
+    def device_check(shard, gpus):
+        runs.unlink(missing_ok=True)
+        env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "TMPDIR": str(tmp_path),
+            "OUT": str(tmp_path / "out"),
+            "STEPS": "tests",
+            "SKIP_BUILD": "1",
+            "TEST_SHARD": shard,
+            "GPUS": str(gpus),
+        }
+        done = subprocess.run(
+            ["bash", "tools/device_check.sh"], cwd=root, env=env, capture_output=True, text=True
+        )
+        return done, runs.read_text().splitlines() if runs.exists() else []
+
+    done, logged = device_check("each", 4)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line.split()[0] for line in logged) == [f"GPU={i}" for i in range(4)]
+    files = [Path(a).name for line in logged for a in line.split() if a.endswith(".py")]
+    suite = sorted(p.name for p in (root / "tests").glob("test_*.py"))
+    assert sorted(files) == suite
+    for i in range(1, 5):
+        assert f"== tests_{i} (JAX_TILED_REQUIRE_GPU=1): rc=0" in done.stdout, done.stdout
+    done, logged = device_check("both", 4)
+    assert done.returncode == 0 and len(logged) == 2, done.stdout + done.stderr
+    for shard in ("each", "both"):
+        refused, logged = device_check(shard, 1)
+        assert refused.returncode == 1 and "needs two GPUs or more" in refused.stdout
+        assert not logged
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

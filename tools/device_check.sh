@@ -9,7 +9,7 @@
 #          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
 #          [ACCURACY_KERNELS="auto wgmma"] [ACCURACY_ARGS="--dtype bfloat16 --shapes ..."] \
 #          [SKIP_BUILD=1 | PREBUILT=prebuilt] \
-#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both] \
+#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both|each] \
 #          [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
 #          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
@@ -21,8 +21,9 @@
 # tests/gpu_test_seconds.tsv: about 250 s a shard of two with 16 workers, if
 # nothing else shares the GPU), or on a machine of two GPUs TEST_SHARD=both:
 # the two shards at once, one a GPU (CUDA_VISIBLE_DEVICES), logged apart;
-# they share the host, and on two H100s (2026-11-26) a shard ran past 400 s
-# (test_bench_pallas.py's sweep alone 317 s): give them TEST_TIMEOUT=540.
+# they share the host, and on two H100s (2026-11-26) the shards ran 540 s
+# and more: give them TEST_TIMEOUT=540. TEST_SHARD=each: as many shards as
+# the machine has GPUs, one a GPU (on four, about half the time of two).
 # BASELINE=docs/perf compares with the newest
 # baseline of this run's GPU there (tools/compare_baseline.py); given no bench
 # args, the bench then runs with that baseline's own.
@@ -128,17 +129,20 @@ shard_paths() {
 }
 
 if [[ " $steps " == *" tests "* ]]; then
-  if [[ ${TEST_SHARD:-} == both ]]; then
-    # A machine of two GPUs or more: both shards at once, one a GPU.
+  if [[ ${TEST_SHARD:-} == both || ${TEST_SHARD:-} == each ]]; then
+    # A machine of several GPUs: as many shards at once (two, or one a GPU),
+    # one a GPU.
     gpus=$(nvidia-smi -L | wc -l)
-    ((gpus >= 2)) || { echo "TEST_SHARD=both needs two GPUs; this machine has $gpus"; exit 1; }
+    shards=$([[ $TEST_SHARD == both ]] && echo 2 || echo "$gpus")
+    ((shards >= 2 && gpus >= shards)) \
+      || { echo "TEST_SHARD=$TEST_SHARD needs two GPUs or more; this machine has $gpus"; exit 1; }
     pids=()
-    for i in 1 2; do
-      mapfile -t paths < <(shard_paths "$i/2") && ((${#paths[@]})) || exit 1
+    for ((i = 1; i <= shards; i++)); do
+      mapfile -t paths < <(shard_paths "$i/$shards") && ((${#paths[@]})) || exit 1
       CUDA_VISIBLE_DEVICES=$((i - 1)) run_tests "_$i" "${paths[@]}" &
       pids+=($!)
     done
-    for i in 1 2; do
+    for ((i = 1; i <= shards; i++)); do
       wait "${pids[i - 1]}"
       report_tests "_$i" $?
     done

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The checks a change to a path `auto` takes needs before it lands, on a
-# machine of two GPUs, in two device calls made back to back (a prebuilt
-# wheel installs in seconds):
-#   run(command="PREBUILT=prebuilt tools/two_gpu_check.sh", kind="nvidia-h100-x2",
+# machine of two GPUs or more, in two device calls made back to back (a
+# prebuilt wheel installs in seconds):
+#   run(command="PREBUILT=prebuilt tools/multi_gpu_check.sh", kind="nvidia-h100-x4",
 #       carry=["prebuilt"])
 #   run(command="MODE=timing AB_BEFORE=prebuilt_before AB_ARGS='--dtype bfloat16 --shapes ...' \
-#       tools/two_gpu_check.sh", kind="nvidia-h100-x2", carry=["prebuilt", "prebuilt_before"])
-# MODE=check (the default; estimated 8-10 minutes: the suite's shards ran
-# 400-450 s beside each other on two H100s before the Pallas tests were cut
-# to `auto`, the sanitizers about 100 s): the build installed
-# (tools/device_check.sh STEPS=none: PREBUILT's wheel, else built), the suite's
-# two shards at once, one a GPU (TEST_SHARD=both; TEST_TIMEOUT, default 540 s:
-# a shard took more than 400 s beside the other on two H100s), then the
-# sanitizers on KERNELS (default wgmma) on GPU 0 beside device_check.sh's
-# accuracy step (`--accuracy`, with ACCURACY_ARGS: its default shapes if
-# none) on GPU 1.
+#       tools/multi_gpu_check.sh", kind="nvidia-h100-x4", carry=["prebuilt", "prebuilt_before"])
+# MODE=check (the default): the build installed (tools/device_check.sh
+# STEPS=none: PREBUILT's wheel, else built), the suite in as many shards as
+# the machine has GPUs, all at once, one a GPU (TEST_SHARD=each;
+# TEST_TIMEOUT, default 540 s), then the sanitizers on KERNELS (default
+# wgmma) on GPU 0 beside device_check.sh's accuracy step (`--accuracy`,
+# with ACCURACY_ARGS: its default shapes if none) on GPU 1. On two H100s
+# (2026-11-26) the two shards took 540 s and more, which left the
+# sanitizers (about 100 s) to a call of their own; on four GPUs the
+# quarters should take about half that (not yet run), and a machine of
+# several GPUs costs its held time once, not once a GPU.
 # MODE=timing: the benchmark against BASELINE (default docs/perf), then, given
 # AB_BEFORE (a folder with the wheel of the build before) and AB_ARGS (the
 # bench's arguments), tools/ab_bench.py against it, the installed build being
@@ -64,7 +65,7 @@ fi
 
 case ${MODE:-check} in
   check)
-    step tests STEPS=tests SKIP_BUILD=1 TEST_SHARD=both "TEST_TIMEOUT=${TEST_TIMEOUT:-540}" \
+    step tests STEPS=tests SKIP_BUILD=1 TEST_SHARD=each "TEST_TIMEOUT=${TEST_TIMEOUT:-540}" \
       || status=1
     grep -E '^tests/' "$work/tests.txt" | head -40  # the failed tests, by name
     step sanitize STEPS=sanitize SKIP_BUILD=1 CUDA_VISIBLE_DEVICES=0 \
