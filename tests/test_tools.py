@@ -446,13 +446,14 @@ def test_multi_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
     assert failed.returncode == 1 and "== sanitize: ok" in failed.stdout, failed
 
 
-def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
-    """tools/device_check.sh TEST_SHARD=each on a machine of four GPUs (stand-ins
-    for nvidia-smi and for pytest, which log what they were asked): four
-    pytest runs, one a GPU, whose test files together are the suite's, each
-    file once; TEST_SHARD=both there runs two; one GPU refuses either."""
+def device_check_with_stand_ins(tmp_path):
+    """Runs tools/device_check.sh on the installed build (SKIP_BUILD=1) with
+    stand-ins for nvidia-smi (GPUS of them) and python3, which logs to
+    calls.log the pytest runs it was asked for (their GPU and paths) and the
+    arguments of tools/scaling.py, one a line; it returns (the process, the
+    lines logged)."""
     root = Path(__file__).resolve().parent.parent
-    bin_dir, runs = tmp_path / "bin", tmp_path / "runs.log"
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(
         "#!/bin/bash\nif [[ $1 == -L ]]; then for ((i = 0; i < ${GPUS:-4}; i++)); do "
@@ -461,10 +462,11 @@ def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
     (bin_dir / "python3").write_text(
         "#!/bin/bash\n"
         "if [[ $1 == -m && $2 == pytest ]]; then\n"
-        '  echo "GPU=$CUDA_VISIBLE_DEVICES ${*}" >> ' + str(runs) + "\n"
+        f'  echo "GPU=$CUDA_VISIBLE_DEVICES ${{*}}" >> {calls}\n'
         '  echo "tests/test_x.py::t PASSED"; exit 0\n'
         "fi\n"
-        "[[ $1 == -c ]] && exit 0\n"
+        f'[[ $1 == */tools/scaling.py ]] && {{ printf "%s\\n" "${{@:2}}" >> {calls}; exit 0; }}\n'
+        "[[ $1 == -c && $2 != *shlex* ]] && exit 0\n"
         f'exec {sys.executable} "$@"\n'
     )
     for tool in bin_dir.iterdir():
@@ -474,37 +476,55 @@ def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
     ).stdout.strip()
     (tmp_path / "jax_tiled_built_sources").write_text(sources + "\n")
 
-    def device_check(shard, gpus):
-        runs.unlink(missing_ok=True)
+    def run(**settings):
+        calls.unlink(missing_ok=True)
         env = {
             "PATH": f"{bin_dir}:/usr/bin:/bin",
             "HOME": str(tmp_path),
             "TMPDIR": str(tmp_path),
             "OUT": str(tmp_path / "out"),
-            "STEPS": "tests",
             "SKIP_BUILD": "1",
-            "TEST_SHARD": shard,
-            "GPUS": str(gpus),
+            **settings,
         }
         done = subprocess.run(
             ["bash", "tools/device_check.sh"], cwd=root, env=env, capture_output=True, text=True
         )
-        return done, runs.read_text().splitlines() if runs.exists() else []
+        return done, calls.read_text().splitlines() if calls.exists() else []
 
-    done, logged = device_check("each", 4)
+    return run
+
+
+def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
+    """TEST_SHARD=each on a machine of four GPUs: four pytest runs, one a GPU,
+    whose test files together are the suite's, each file once; TEST_SHARD=both
+    there runs two; one GPU refuses either."""
+    device_check = device_check_with_stand_ins(tmp_path)
+    done, logged = device_check(STEPS="tests", TEST_SHARD="each", GPUS="4")
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(line.split()[0] for line in logged) == [f"GPU={i}" for i in range(4)]
     files = [Path(a).name for line in logged for a in line.split() if a.endswith(".py")]
-    suite = sorted(p.name for p in (root / "tests").glob("test_*.py"))
-    assert sorted(files) == suite
+    tests = Path(__file__).resolve().parent
+    assert sorted(files) == sorted(p.name for p in tests.glob("test_*.py"))
     for i in range(1, 5):
         assert f"== tests_{i} (JAX_TILED_REQUIRE_GPU=1): rc=0" in done.stdout, done.stdout
-    done, logged = device_check("both", 4)
+    done, logged = device_check(STEPS="tests", TEST_SHARD="both", GPUS="4")
     assert done.returncode == 0 and len(logged) == 2, done.stdout + done.stderr
     for shard in ("each", "both"):
-        refused, logged = device_check(shard, 1)
+        refused, logged = device_check(STEPS="tests", TEST_SHARD=shard, GPUS="1")
         assert refused.returncode == 1 and "needs two GPUs or more" in refused.stdout
         assert not logged
+
+
+def test_device_check_passes_layout_names_with_spaces_to_scaling(tmp_path):
+    device_check = device_check_with_stand_ins(tmp_path)
+    done, logged = device_check(
+        STEPS="scaling", SCALING_ARGS="--layouts 'K-sharded, replicated' M-sharded --schedule"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert logged[:4] == ["--layouts", "K-sharded, replicated", "M-sharded", "--schedule"]
+    assert logged[4] == "--json" and logged[5].endswith("scaling.json")
+    done, logged = device_check(STEPS="scaling")  # the default arguments
+    assert logged[:5] == ["--dtype", "bfloat16", "--precision", "default", "--no-overlap"]
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

@@ -6,7 +6,8 @@
 # (or ./device_out; the logs packed into logs.tgz, the JSON rows and plots as
 # they are); the flagged accuracy rows print before the short summary.
 #   usage: [STEPS="tests sanitize bench accuracy"] [KERNELS="warptile pipelined"] \
-#          [SCALING_ARGS="--dtype bfloat16 ..."] (STEPS=scaling: tools/scaling.py) \
+#          [SCALING_ARGS="--dtype bfloat16 --layouts 'K-sharded, replicated' ..."] \
+#          (STEPS=scaling: tools/scaling.py, the arguments split as a shell would) \
 #          [ACCURACY_KERNELS="auto wgmma"] [ACCURACY_ARGS="--dtype bfloat16 --shapes ..."] \
 #          [SKIP_BUILD=1 | PREBUILT=prebuilt] \
 #          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both|each] \
@@ -250,8 +251,11 @@ fi
 # Multi-GPU scaling (a kind with several GPUs): every layout, ours against jnp on
 # the same sharding; the figures are bfloat16 8192^3 at DEFAULT.
 if [[ " $steps " == *" scaling "* ]]; then
-  # shellcheck disable=SC2086
-  NCCL_NVLS_ENABLE=0 python3 "$repo/tools/scaling.py" ${SCALING_ARGS:---dtype bfloat16 --precision default --no-overlap} \
+  # SCALING_ARGS split as a shell splits words, quotes kept: layout names hold
+  # spaces (--layouts 'K-sharded, replicated').
+  mapfile -t scaling_args < <(python3 -c 'import shlex, sys; print(*shlex.split(sys.argv[1]), sep="\n")' \
+    "${SCALING_ARGS:---dtype bfloat16 --precision default --no-overlap}")
+  NCCL_NVLS_ENABLE=0 python3 "$repo/tools/scaling.py" "${scaling_args[@]}" \
     --json "$OUT/scaling.json" >"$OUT/scaling.log" 2>&1
   note "scaling: rc=$?"
   cat "$OUT/scaling.log"
