@@ -3,7 +3,10 @@ tensor_core_sums.py (the model of the kernels' sums)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -525,6 +528,71 @@ def test_device_check_passes_layout_names_with_spaces_to_scaling(tmp_path):
     assert logged[4] == "--json" and logged[5].endswith("scaling.json")
     done, logged = device_check(STEPS="scaling")  # the default arguments
     assert logged[:5] == ["--dtype", "bfloat16", "--precision", "default", "--no-overlap"]
+
+
+def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
+    """tools/ncu_products.py with a stand-in for ncu that logs its arguments and
+    prints a table of two launches as ncu --csv does (after the program's own
+    lines): a row a launch of each implementation, the JSON with every metric;
+    an ncu that prints no table is an error naming the product."""
+    root = Path(__file__).resolve().parent.parent
+    header = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    main_kernel = "void WgmmaMatmul<WgmmaConfig<256, 4, 2, 1>, WgmmaOperands<__half>>(Params)"
+    metrics = [
+        ("0", main_kernel, "Duration", "ns", "114336"),
+        ("0", main_kernel, "Grid Size", "", "128"),
+        ("0", main_kernel, "Cluster Size", "", "2"),
+        ("0", main_kernel, "L2 Cache Throughput", "%", "75.44"),
+        ("0", main_kernel, "lts__t_sectors_op_read.sum", "sector", "25,967,168"),
+        ("1", "loop_reduce_fusion", "Duration", "ns", "9408"),
+        ("1", "loop_reduce_fusion", "dram__bytes_read.sum", "byte", "16782080"),
+    ]
+    table = io.StringIO()
+    writer = csv.writer(table, quoting=csv.QUOTE_ALL)
+    writer.writerow(header)
+    for launch, kernel, metric, unit, value in metrics:
+        writer.writerow([launch, kernel, "section", metric, unit, value])
+    canned = tmp_path / "canned.csv"
+    canned.write_text("the program's own output\n==PROF== Connected\n" + table.getvalue())
+    bin_dir, asked = tmp_path / "bin", tmp_path / "asked.log"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text(
+        f'#!/bin/bash\necho "$*" >> {asked}\n'
+        f'[[ -n $NO_TABLE ]] && {{ echo "==ERROR== no kernels"; exit 1; }}\ncat {canned}\n'
+    )
+    (bin_dir / "ncu").chmod(0o755)
+    out = tmp_path / "ncu.json"
+
+    def ncu_products(**env):
+        return subprocess.run(
+            [sys.executable, str(root / "tools" / "ncu_products.py"), "--shapes",
+             "512x8192x512", "--json", str(out)],
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    done = ncu_products()
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = asked.read_text().splitlines()
+    assert len(lines) == 2 and all(
+        "--cache-control none --section SpeedOfLight" in x for x in lines
+    )
+    assert lines[0].endswith("--probe auto 512x8192x512 bfloat16 default")
+    assert lines[1].endswith("--probe jnp.matmul 512x8192x512 bfloat16 default")
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 512x8192x512")]
+    assert len(rows) == 4, done.stdout
+    assert rows[0].split(" | ")[1:7] == [
+        "ours", "WgmmaMatmul<WgmmaConfig<256, 4, 2, 1>>", "114", "128", "2", ""
+    ]  # fmt: skip
+    # L2 %, DRAM % (none given), MB read through L2: 25,967,168 sectors of 32 bytes.
+    assert rows[0].split(" | ")[7:10] == ["75.4", "", "831"]
+    assert rows[1].split(" | ")[2:4] == ["loop_reduce_fusion", "9.41"]
+    record = json.loads(out.read_text())
+    assert [r["implementation"] for r in record["rows"]] == ["ours", "jnp"]
+    assert record["rows"][0]["launches"][0]["lts__t_sectors_op_read.sum"] == 25967168.0
+    assert "--cache-control" in record["ncu_flags"]
+    failed = ncu_products(NO_TABLE="1")
+    assert failed.returncode == 1 and "512x8192x512 auto: no ncu table" in failed.stdout
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

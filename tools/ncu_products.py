@@ -1,0 +1,196 @@
+"""Nsight Compute of products, ours against jnp's kernels: what bounds each.
+
+    python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
+        [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
+
+On the GPU machine, with the package installed. Each product runs once to
+compile and warm up, then once under ncu (the ladder's probe, `python -m
+jax_tiled.bench.ladder --probe`, between cuProfilerStart and cuProfilerStop),
+for `--kernel` and for jnp.matmul after XLA's autotuning, with the clocks left
+as they are and the caches not flushed (`--cache-control none`: L2 holds what
+a benchmark's repeated calls leave there). Printed per kernel launched: its
+time, blocks (cluster size), SM, L2 and DRAM throughput in % of peak, and
+the bytes read through L2 and from DRAM. ncu's SpeedOfLight, LaunchStats and
+Occupancy sections are read (Occupancy's "Max Active Clusters" says how many
+clusters of a kernel's size the GPU holds at once); the JSON keeps every
+metric of every launch. Each product takes about a minute under ncu (jnp's
+autotuning runs outside the profiled range but inside the process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")
+METRICS = (
+    "dram__bytes_read.sum",
+    "lts__t_sectors_op_read.sum",
+    "lts__t_sectors_op_write.sum",
+    "lts__t_sector_hit_rate.pct",
+)
+SECTOR_BYTES = 32
+PEER = "jnp.matmul"
+
+
+def ncu_flags() -> list[str]:
+    """What ncu is asked: CSV in base units, only inside the probe's profiled
+    range, the clocks and caches left as they are, the sections and metrics."""
+    flags = ["--csv", "--print-units", "base", "--profile-from-start", "off"]
+    flags += ["--clock-control", "none", "--cache-control", "none"]
+    for section in SECTIONS:
+        flags += ["--section", section]
+    return flags + ["--metrics", ",".join(METRICS)]
+
+
+def ncu_command(ncu: str, kernel: str, shape: str, dtype: str, precision: str) -> list[str]:
+    """One product under ncu, in a fresh process."""
+    return [
+        ncu,
+        *ncu_flags(),
+        sys.executable,
+        "-P",
+        "-m",
+        "jax_tiled.bench.ladder",
+        "--probe",
+        kernel,
+        shape,
+        dtype,
+        precision,
+    ]
+
+
+def number(text: str):
+    """A metric's value as a float where it is one ("2,109,952" too), else the text."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return text
+
+
+def parse_launches(text: str) -> list[dict]:
+    """ncu's --csv output as one dict per kernel launch, in launch order: its
+    name and every metric by ncu's name for it. Lines before the table
+    (ncu's ==PROF== log, the program's output) are skipped; ValueError with
+    ncu's last lines where there is no table."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        said = [line for line in lines if line.startswith("==")][-5:]
+        raise ValueError("no ncu table in the output" + (": " + " ".join(said) if said else ""))
+    launches: dict[str, dict] = {}
+    for record in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        launch = launches.setdefault(record["ID"], {"kernel": record["Kernel Name"]})
+        if record.get("Metric Name"):
+            launch[record["Metric Name"]] = number(record["Metric Value"])
+    return list(launches.values())
+
+
+def short_name(kernel: str) -> str:
+    """A kernel's name without its arguments and, but for our kernels'
+    configuration, its template arguments."""
+    name = re.match(r"(?:void )?([\w:]+)", kernel)
+    config = re.search(r"WgmmaConfig<[^>]*>", kernel)
+    base = name.group(1) if name else kernel
+    return f"{base}<{config.group(0)}>" if config else base
+
+
+def scaled(value, scale: float):
+    """value x scale where ncu gave a number, else None."""
+    return value * scale if isinstance(value, float) else None
+
+
+def summary(launch: dict) -> dict:
+    """The columns printed for one launch (ncu's base units: ns, bytes, sectors)."""
+    return {
+        "kernel": short_name(launch["kernel"]),
+        "us": scaled(launch.get("Duration"), 1e-3),
+        "blocks": launch.get("Grid Size"),
+        "cluster": launch.get("Cluster Size"),
+        "sm_pct": launch.get("Compute (SM) Throughput"),
+        "l2_pct": launch.get("L2 Cache Throughput"),
+        "dram_pct": launch.get("DRAM Throughput"),
+        "l2_read_mb": scaled(launch.get("lts__t_sectors_op_read.sum"), SECTOR_BYTES / 1e6),
+        "dram_read_mb": scaled(launch.get("dram__bytes_read.sum"), 1e-6),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table, a row a launch."""
+    fields = ("us", "blocks", "cluster", "sm_pct", "l2_pct", "dram_pct", "l2_read_mb")
+    fields += ("dram_read_mb",)
+    head = "| product | ours/jnp | kernel | µs | blocks | cluster | SM % | L2 % | DRAM % "
+    head += "| L2 read MB | DRAM read MB |"
+    lines = [head, "|" + "---|" * 11]
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.0f}" if value >= 100 or value.is_integer() else f"{value:.3g}"
+        return "" if value is None else str(value)
+
+    for row in rows:
+        for launch in row["launches"]:
+            s = summary(launch)
+            cells = [row["product"], row["implementation"], s["kernel"]]
+            lines.append("| " + " | ".join(cells + [cell(s[f]) for f in fields]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tools/ncu_products.py", description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", required=True, help="MxKxN, comma-separated")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--precision", default="default")
+    p.add_argument("--kernel", default="auto", help="ours: a kernel name (default auto)")
+    p.add_argument("--json", metavar="PATH", help="write every launch's metrics here")
+    args = p.parse_args(argv)
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        p.error("ncu (Nsight Compute) is not on PATH")
+    rows, failed = [], 0
+    # The C locale: ncu prints numbers without thousands separators there.
+    env = {**os.environ, "LC_ALL": "C"}
+    for shape in args.shapes.split(","):
+        for implementation, kernel in (("ours", args.kernel), ("jnp", PEER)):
+            command = ncu_command(ncu, kernel, shape, args.dtype, args.precision)
+            print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            try:
+                launches = parse_launches(done.stdout)
+            except ValueError as exc:
+                tail = " ".join(done.stderr.split()[-40:])
+                print(f"{shape} {kernel}: {exc} (exit status {done.returncode}; {tail})")
+                failed += 1
+                continue
+            rows.append(
+                {"product": shape, "implementation": implementation, "kernel_asked": kernel,
+                 "launches": launches}
+            )  # fmt: skip
+    print(table(rows))
+    if args.json:
+        import jax
+
+        device = jax.devices()[0]
+        record = {
+            "device": device.device_kind,
+            "jax_version": jax.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "argv": sys.argv[1:] if argv is None else argv,
+            "ncu_flags": ncu_flags(),
+            "rows": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
