@@ -20,15 +20,15 @@ autotuning runs outside the profiled range but inside the process).
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+
+from jax_tiled.bench.ladder import ncu_records
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")
 METRICS = (
@@ -78,16 +78,10 @@ def number(text: str):
 
 def parse_launches(text: str) -> list[dict]:
     """ncu's --csv output as one dict per kernel launch, in launch order: its
-    name and every metric by ncu's name for it. Lines before the table
-    (ncu's ==PROF== log, the program's output) are skipped; ValueError with
-    ncu's last lines where there is no table."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
-    if start is None:
-        said = [line for line in lines if line.startswith("==")][-5:]
-        raise ValueError("no ncu table in the output" + (": " + " ".join(said) if said else ""))
+    name and every metric by ncu's name for it (ValueError where there is no
+    table: ladder.ncu_records)."""
     launches: dict[str, dict] = {}
-    for record in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+    for record in ncu_records(text):
         launch = launches.setdefault(record["ID"], {"kernel": record["Kernel Name"]})
         if record.get("Metric Name"):
             launch[record["Metric Name"]] = number(record["Metric Value"])

@@ -257,21 +257,26 @@ class NcuReading:
     dram_read_bytes: float  # dram__bytes_read.sum
 
 
-def parse_ncu_csv(text: str) -> NcuReading:
-    """The metrics of `ncu --csv --metrics NCU_METRICS` (one row per launch and
-    metric; values may carry thousands separators), summed over the launches.
+def ncu_records(text: str) -> list[dict]:
+    """The rows of `ncu --csv` output (one per launch and metric), by column.
     Lines before the CSV's header (ncu's ==PROF== log, the program's output)
-    are skipped. ValueError, with ncu's own lines, when there is no table or a
-    metric is missing."""
+    are skipped. ValueError, with ncu's own lines, when there is no table."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if start is None:
         said = [line for line in lines if line.startswith("==")][-5:]
         raise ValueError("no ncu table in the output" + (": " + " ".join(said) if said else ""))
+    return list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+
+
+def parse_ncu_csv(text: str) -> NcuReading:
+    """The metrics of `ncu --csv --metrics NCU_METRICS` (values may carry
+    thousands separators), summed over the launches. ValueError, with ncu's
+    own lines, when there is no table or a metric is missing."""
     totals = dict.fromkeys(NCU_METRICS, 0.0)
     seen = {metric: 0 for metric in NCU_METRICS}
     kernels = {}
-    for record in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+    for record in ncu_records(text):
         metric = record.get("Metric Name")
         if metric not in totals:
             continue
