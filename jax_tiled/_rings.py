@@ -119,13 +119,14 @@ def _gather_blocks(x, axes, n, index, forward):
     return out
 
 
-def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
+def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size, beside_transfer):
     """`call` on the full `gathered` operand ("a": along M, "b": along N), of
     which each device of `axes` holds one block, against the other operand's
     local block: the ring passes the blocks to device i - 1 and each step's
     product writes the result rows (or columns) of the block it holds, while the
     next block is in transit. `size` is the gathered dimension's full length
-    (the blocks may be padded past it).
+    (the blocks may be padded past it). Every product but the last runs beside
+    a transfer and is described by `beside_transfer`.
     """
     (_, am, _), (_, _, bn) = dims
     moving = a if gathered == "a" else b
@@ -138,10 +139,11 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size):
         # The transfer of the next block depends only on this one: issued first,
         # it runs while this step's product does.
         following = lax.ppermute(moving, axes, backward) if s < n - 1 else None
+        step = beside_transfer if following is not None else product
         result = (
-            call(moving, b, product, product.out_dtype)
+            call(moving, b, step, product.out_dtype)
             if gathered == "a"
-            else call(a, moving, product, product.out_dtype)
+            else call(a, moving, step, product.out_dtype)
         )
         if out is None:
             shape = list(result.shape)

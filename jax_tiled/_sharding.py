@@ -287,8 +287,9 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         )
         pieces = settings.pieces()
 
-    # A K ring's products that run beside a transfer leave SMs to it.
+    # A ring's products that run beside a transfer leave SMs to it.
     beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
+    beside_gather = dataclasses.replace(product, spare_sms=settings.gather_spare_sms)
 
     def lower_fn(a, b):
         # Per-device code has no mesh: under the caller's explicit one, jax 0.8
@@ -309,6 +310,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 gathered=gathered,
                 dims=dims,
                 size=sizes["m" if gathered == "a" else "n"],
+                beside_transfer=beside_gather,
             )
         if not k_axes:
             return call(a, b, product, product.out_dtype)

@@ -5,6 +5,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(spare_sms=48):  # SMs the GPU kernels leave to the transfers
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(gather_spare_sms=16):  # the same in the all-gather ring
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
         y = jax.jit(jax_tiled.matmul)(x, w)
     jax_tiled.overlap.set_default(chunks=2)         # for the rest of the process
@@ -41,12 +43,19 @@ class Settings:
     transfer runs beside them, so that the communication kernel (NCCL's, which
     runs on SMs) starts at once rather than waiting on the product's persistent
     grid; the ring's first product, which overlaps no transfer, takes every SM.
-    The all-gather ring's products take every SM (sparing them was slower: its
-    transfers are smaller). CPU products ignore it."""
+    gather_spare_sms: the same for the all-gather ring's products that run
+    beside a transfer (default 0, every SM). XLA's default scheduler finishes
+    that ring's transfer before the product it should hide behind, and a
+    product that spares SMs then only runs slower; with XLA's analytical
+    latency estimator (the compiler option
+    `xla_gpu_enable_analytical_latency_estimator`) the transfer runs beside
+    the product, and 16 spared SMs ran fastest (docs/sharding.md).
+    CPU products ignore both."""
 
     enabled: bool = True
     chunks: int | None = None
     spare_sms: int = SPARE_SMS
+    gather_spare_sms: int = 0
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
@@ -59,12 +68,12 @@ class Settings:
             )
         if self.chunks is not None and self.chunks < 1:
             raise ValueError(f"jax_tiled.overlap: chunks must be at least 1, got {self.chunks}")
-        if isinstance(self.spare_sms, bool) or not isinstance(self.spare_sms, int):
-            raise TypeError(f"jax_tiled.overlap: spare_sms must be an int, got {self.spare_sms!r}")
-        if self.spare_sms < 0:
-            raise ValueError(
-                f"jax_tiled.overlap: spare_sms must be at least 0, got {self.spare_sms}"
-            )
+        for name in ("spare_sms", "gather_spare_sms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"jax_tiled.overlap: {name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"jax_tiled.overlap: {name} must be at least 0, got {value}")
 
     def pieces(self) -> int:
         return self.chunks if self.chunks is not None else 1
@@ -86,9 +95,15 @@ def current() -> Settings:
 
 
 @contextlib.contextmanager
-def settings(enabled: bool = True, *, chunks: int | None = None, spare_sms: int = SPARE_SMS):
+def settings(
+    enabled: bool = True,
+    *,
+    chunks: int | None = None,
+    spare_sms: int = SPARE_SMS,
+    gather_spare_sms: int = 0,
+):
     """Sets the overlap for the functions lowered inside the block."""
-    new = Settings(enabled, chunks, spare_sms)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms)
     if _context is None:
         _fallback.append(new)
         try:
@@ -101,10 +116,14 @@ def settings(enabled: bool = True, *, chunks: int | None = None, spare_sms: int 
 
 
 def set_default(
-    enabled: bool = True, *, chunks: int | None = None, spare_sms: int = SPARE_SMS
+    enabled: bool = True,
+    *,
+    chunks: int | None = None,
+    spare_sms: int = SPARE_SMS,
+    gather_spare_sms: int = 0,
 ) -> None:
     """Sets the overlap outside any `settings` block."""
-    new = Settings(enabled, chunks, spare_sms)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms)
     if _context is None:
         _fallback[0] = new
     else:

@@ -787,3 +787,39 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
         [*common, "--pgle", "-1"], capture_output=True, text=True, timeout=300, env=env
     )
     assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
+
+
+def test_scaling_tool_compiles_with_options_and_times_the_gather_ring_spares(tmp_path):
+    """--compiler-option NAME=VALUE compiles ours and jnp's programs with that
+    XLA option (typed, written to the JSON); --gather-spare-sms adds a row per
+    value of the all-gather ring's spared SMs; a malformed option is refused."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "scaling.json"
+    common = [sys.executable, str(script), "--size", "64", "--repeats", "5"]
+    option = "xla_gpu_enable_analytical_latency_estimator"
+    result = subprocess.run(
+        [*common, "--layouts", "all-gather (a by M, b by N)", "--gather-spare-sms", "0", "16"]
+        + ["--compiler-option", f"{option}=true", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"# compiled with {{'{option}': True}}" in result.stdout
+    written = json.loads(report.read_text())
+    assert written["compiler_options"] == {option: True}
+    spare = jax_tiled.overlap.SPARE_SMS
+    assert [row["variant"] for row in written["rows"]] == [
+        f"chunks=auto spare={spare} gather=0",
+        f"chunks=auto spare={spare} gather=16",
+    ]
+    refused = subprocess.run(
+        [*common, "--compiler-option", "no-value"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert refused.returncode == 2 and "expected NAME=VALUE, got 'no-value'" in refused.stderr

@@ -367,6 +367,32 @@ def test_k_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
     assert seen == [0] + [32] * 7
 
 
+def test_all_gather_ring_products_beside_a_transfer_leave_sms_to_it(rng):
+    """The all-gather ring's products but the last run beside the transfer of
+    the next block and carry `beside_transfer`; the last overlaps none."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=16)
+    seen = []
+
+    def call(a, b, p, out_dtype):
+        seen.append(p.spare_sms)
+        return jnp.matmul(a, b).astype(out_dtype)
+
+    def ring(a, b):
+        return _rings.all_gather_ring(
+            call, product, a, b, axes=("x",), n=4, gathered="a",
+            dims=_canonical.positions(False, False), size=16, beside_transfer=beside,
+        )  # fmt: skip
+
+    a_np = random_array(rng, (1, 16, 32), np.float32)
+    b_np = random_array(rng, (1, 32, 24), np.float32)
+    specs = (P(None, "x"), P(None, None, "x"))
+    f = jax.shard_map(ring, mesh=mesh, in_specs=specs, out_specs=P(None, None, "x"))
+    out = jax.jit(f)(a_np, b_np)
+    assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
+    assert seen == [16, 16, 16, 0]
+
+
 def _rings_product(spare_sms):
     return dataclasses.replace(
         _lowering.Product("tiled_matmul_cpu", False, False, np.dtype(np.float32), 0, "auto"),
@@ -387,6 +413,23 @@ def test_cuda_ring_products_carry_the_spared_sms(rng):
             assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
             text = f.lower(a, b).compile().as_text()
         assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0, spare], text
+
+
+@pytest.mark.gpu
+def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
+    """On GPUs, the all-gather ring's product beside its transfer asks the
+    handler for `overlap.Settings.gather_spare_sms` fewer SMs (default none);
+    the last asks for none."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (64, 256), P("x"))
+    b_np, b = put(rng, mesh, (256, 48), P(None, "x"))
+    for spare, expected in ((None, [0, 0]), (16, [0, 16])):
+        kwargs = {} if spare is None else dict(gather_spare_sms=spare)
+        with jax_tiled.overlap.settings(**kwargs):
+            f = jax.jit(tiled, out_shardings=NamedSharding(mesh, P(None, "x")))
+            assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
+            text = f.lower(a, b).compile().as_text()
+        assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == expected, text
 
 
 def test_k_ring_rounds_a_16_bit_result_once(rng):
@@ -429,6 +472,8 @@ def test_rings_are_deterministic(rng):
         (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
         (dict(spare_sms=-1), ValueError, r"spare_sms must be at least 0, got -1"),
         (dict(spare_sms=None), TypeError, r"spare_sms must be an int, got None"),
+        (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
+        (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
     ],
 )
 def test_overlap_settings_are_checked(kwargs, error, message):

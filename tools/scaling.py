@@ -1,8 +1,10 @@
 """Multi-GPU scaling of jax_tiled.matmul under jit with sharded operands.
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
-        [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--no-overlap] [--devices 2]
-        [--pgle 3] [--schedule] [--json scaling.json]
+        [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
+        [--no-overlap] [--devices 2] [--pgle 3] [--schedule]
+        [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
+        [--json scaling.json]
 
 Times each layout below on 1 device and on `--devices` (default: every device
 of the machine), for jax_tiled.matmul and for jnp.matmul under the same
@@ -15,10 +17,13 @@ implementation: the size^3 product, or for the batch-sharded layout a batch
 of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
 per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
 pieces; the others ignore it), each once per value of `--spare-sms` (the
-SMs a ring's products leave to its transfers); `--no-overlap` adds a row with
-the overlap turned off. Every product is checked against jnp.matmul's on the
-same sharding and against ours on one device before it is timed. `--json`
-writes the rows, the device and the arguments.
+SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
+(the same for the all-gather ring); `--no-overlap` adds a row with the
+overlap turned off. `--compiler-option NAME=VALUE` compiles every program,
+ours and jnp's, with that XLA option. Every product is checked against
+jnp.matmul's on the same sharding and against ours on one device before it
+is timed. `--json` writes the rows, the device, the arguments and the
+compiler options.
 
 `--pgle RUNS` times every program, ours and jnp's, as profile-guided
 latency estimation compiles it: RUNS calls of the program traced with
@@ -102,9 +107,10 @@ def schedule(compiled_text: str) -> list[str]:
     return [op for op in ops if SCHEDULED.fullmatch(op)]
 
 
-def profile_guided(lowered, compiled, a, b, runs: int):
-    """`lowered` compiled again with the profile of `runs` calls of `compiled`
-    (profile-guided latency estimation), and the profile's size in bytes."""
+def profile_guided(lowered, compiled, a, b, runs: int, options: dict):
+    """`lowered` compiled again, with `options`, and the profile of `runs` calls
+    of `compiled` (profile-guided latency estimation), and the profile's size in
+    bytes."""
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         for _ in range(runs):
@@ -112,7 +118,20 @@ def profile_guided(lowered, compiled, a, b, runs: int):
         jax.profiler.stop_trace()
         run_dirs = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "")))
         profile = get_profiled_instructions_proto(run_dirs[-1])
-    return lowered.compile(compiler_options={"fdo_profile": profile}), len(profile)
+    return lowered.compile(compiler_options={**options, "fdo_profile": profile}), len(profile)
+
+
+def compiler_option(text: str) -> tuple[str, bool | int | str]:
+    """NAME=VALUE of --compiler-option, the value typed as XLA's flags are."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
+    try:
+        return name, int(value)
+    except ValueError:
+        return name, value
 
 
 def median_seconds(fn, a, b, repeats: int, calls: int = 10) -> float:
@@ -152,6 +171,23 @@ def main(argv=None) -> int:
         default=[jax_tiled.overlap.SPARE_SMS],
         help="jax_tiled.overlap spare_sms to time, each with each --chunks "
         f"(default: {jax_tiled.overlap.SPARE_SMS})",
+    )
+    parser.add_argument(
+        "--gather-spare-sms",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="jax_tiled.overlap gather_spare_sms to time, each with each --chunks and "
+        "--spare-sms (default: 0)",
+    )
+    parser.add_argument(
+        "--compiler-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=compiler_option,
+        help="an XLA option every program, ours and jnp's, is compiled with "
+        "(repeatable; true/false and integers are typed)",
     )
     parser.add_argument(
         "--no-overlap", action="store_true", help="also time jax_tiled with the overlap turned off"
@@ -200,11 +236,16 @@ def main(argv=None) -> int:
         f"batch-sharded: {BATCH} x {n // 2}^3"
     )
 
+    options = dict(args.compiler_option)
+    if options:
+        print(f"# compiled with {options}")
     variants = [
-        (f"chunks={c if c is not None else 'auto'}" + f" spare={spare}",
-         dict(chunks=c, spare_sms=spare))
+        (f"chunks={c if c is not None else 'auto'} spare={spare}"
+         + (f" gather={gather}" if args.gather_spare_sms != [0] else ""),
+         dict(chunks=c, spare_sms=spare, gather_spare_sms=gather))
         for c in args.chunks
         for spare in args.spare_sms
+        for gather in args.gather_spare_sms
     ]  # fmt: skip
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
@@ -222,9 +263,11 @@ def main(argv=None) -> int:
                 out_shardings=NamedSharding(mesh, out_spec),
             )
             lowered = jitted.lower(a_s, b_s)
-            compiled, profile_bytes = lowered.compile(), 0
+            compiled, profile_bytes = lowered.compile(compiler_options=options), 0
             if args.pgle:
-                compiled, profile_bytes = profile_guided(lowered, compiled, a_s, b_s, args.pgle)
+                compiled, profile_bytes = profile_guided(
+                    lowered, compiled, a_s, b_s, args.pgle, options
+                )
             out = compiled(a_s, b_s)
             seconds = median_seconds(compiled, a_s, b_s, args.repeats)
             return seconds, out, compiled.as_text(), profile_bytes
@@ -299,6 +342,7 @@ def main(argv=None) -> int:
             dtype=args.dtype,
             precision=args.precision,
             pgle_profiling_runs=args.pgle,
+            compiler_options=options,
             rows=rows,
         )
         with open(args.json, "w") as f:
