@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import gpu_available
+from helpers import gpu_available, load_repository_module
 
 REQUIRE_GPU = os.environ.get("JAX_TILED_REQUIRE_GPU") == "1"
 
@@ -61,6 +61,18 @@ def rng(request):
 
 
 TEST_TIMES = os.environ.get("JAX_TILED_TEST_TIMES")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With JAX_TILED_SLOW_FIRST=1, the tests tests/gpu_slow_tests.tsv names
+    come first, the slowest first, so that pytest-xdist starts them first
+    (tools/test_shards.py says why); the rest keep their order. Every worker
+    reads the same table, so every worker collects the same order."""
+    if os.environ.get("JAX_TILED_SLOW_FIRST") != "1":
+        return
+    shards_tool = load_repository_module("tools/test_shards.py")
+    rank = {test: i for i, test in enumerate(shards_tool.read_slow_tests(shards_tool.SLOW_TABLE))}
+    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
 
 
 def pytest_runtest_logreport(report):

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -631,3 +632,49 @@ def test_the_model_predicted_partial_sums_in_groups(inputs):
         measured_error, _ = sums.MEASURED_DESIGNS[name, 8192, inputs]
         assert error == pytest.approx(measured_error, rel=0.3), name
     assert predicted[FEW_ROWS_GROUPED] < predicted[FEW_ROWS_ONE_BY_ONE]
+
+
+def test_slow_tests_table_orders_collection_slowest_first(tmp_path, monkeypatch):
+    """--write writes the tests of SLOW_SECONDS or more, the slowest first;
+    the committed table names tests that exist; under JAX_TILED_SLOW_FIRST=1
+    pytest collects them first, in the table's order, the rest as before."""
+    shards_tool = load_repository_module("tools/test_shards.py")
+    times = tmp_path / "test_times.tsv"
+    times.write_text(
+        "25.0\tpassed\ttests/test_a.py::slow\n"
+        "1.0\tpassed\ttests/test_a.py::fast\n"
+        "40.0\tpassed\ttests/test_b.py::slower\n"
+        "30.0\tpassed\ttests/test_a.py::slow\n"  # ran twice: the longer counts
+    )
+    assert shards_tool.test_seconds([times]) == {
+        "tests/test_a.py::slow": 30.0,
+        "tests/test_a.py::fast": 1.0,
+        "tests/test_b.py::slower": 40.0,
+    }
+    slow = shards_tool.read_slow_tests(shards_tool.SLOW_TABLE)
+    assert slow and len(set(slow)) == len(slow)
+    files = {f.name for f in (shards_tool.ROOT / "tests").glob("test_*.py")}
+    assert {Path(t.split("::")[0]).name for t in slow} <= files
+    # The hook itself, on stand-ins for collected items: the table's tests
+    # first in its order, the rest after in theirs; off without the variable.
+    import conftest
+
+    item = lambda nodeid: types.SimpleNamespace(nodeid=nodeid)
+    items = [
+        item("tests/test_x.py::first"),
+        item(slow[1]),
+        item("tests/test_x.py::second"),
+        item(slow[0]),
+    ]
+    unordered = list(items)
+    monkeypatch.delenv("JAX_TILED_SLOW_FIRST", raising=False)
+    conftest.pytest_collection_modifyitems(None, items)
+    assert items == unordered
+    monkeypatch.setenv("JAX_TILED_SLOW_FIRST", "1")
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [
+        slow[0],
+        slow[1],
+        "tests/test_x.py::first",
+        "tests/test_x.py::second",
+    ]

@@ -101,12 +101,13 @@ fi
 repo=$PWD
 
 # One pytest run over the paths given, into $OUT/tests<suffix>.log; each
-# test's time goes to test_times<suffix>.tsv as it ends (tests/conftest.py).
+# test's time goes to test_times<suffix>.tsv as it ends (tests/conftest.py),
+# and the slowest tests start first (JAX_TILED_SLOW_FIRST, tools/test_shards.py).
 # Workers share the GPU: each takes memory as it needs it, not 75% up front.
 run_tests() {
   local suffix=$1
   shift
-  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TILED_SLOW_FIRST=1 \
     JAX_TILED_TEST_TIMES="$OUT/test_times$suffix.tsv" timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
     "$@" >"$OUT/tests$suffix.log" 2>&1

@@ -1,7 +1,7 @@
-"""The GPU suite's test files in shards of about equal time.
+"""The GPU suite's test files in shards of about equal time, and its slowest tests.
 
     python3 tools/test_shards.py 1/2            # shard 1 of 2: its test files, one a line
-    python3 tools/test_shards.py --write T.tsv ...  # the table anew from runs' test_times.tsv
+    python3 tools/test_shards.py --write T.tsv ...  # both tables anew from runs' test_times.tsv
 
 tools/device_check.sh runs the suite in shards (TEST_SHARD=i/n), a device
 call each, each call at most 10 minutes. The files are dealt by their time on
@@ -11,6 +11,14 @@ heaviest first, each to the shard with the fewest seconds so far; a file the
 table does not name counts as the table's median. Every file lands in exactly
 one shard, and the same one on every call. Dealing every n-th file put 1150
 tests in the first of two shards and 450 in the second (2026-11-26).
+
+Within a shard, pytest-xdist hands out tests in the order they are collected,
+so a slow test collected late starts late: on four H100s (2026-11-26) three
+shards ended in about 245 s and the fourth was cut at 420 s with its three
+slowest tests, nvcc's ptxas checks, still running. tests/gpu_slow_tests.tsv
+names the tests that took SLOW_SECONDS or more, the slowest first; with
+JAX_TILED_SLOW_FIRST=1 (tools/device_check.sh sets it) tests/conftest.py
+collects them first, in that order, and the rest as before.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "gpu_test_seconds.tsv"
+SLOW_TABLE = ROOT / "tests" / "gpu_slow_tests.tsv"
+SLOW_SECONDS = 20.0
 
 
 def read_table(path: Path) -> dict[str, float]:
@@ -44,6 +54,23 @@ def file_seconds(times: list[Path]) -> Counter:
             seconds, _, nodeid = line.split("\t")
             total[Path(nodeid.split("::")[0]).name] += float(seconds)
     return total
+
+
+def test_seconds(times: list[Path]) -> dict[str, float]:
+    """Each test's seconds in test_times.tsv files (the longest where a test
+    ran in more than one)."""
+    seconds: dict[str, float] = {}
+    for path in times:
+        for line in path.read_text().splitlines():
+            value, _, nodeid = line.split("\t")
+            seconds[nodeid] = max(seconds.get(nodeid, 0.0), float(value))
+    return seconds
+
+
+def read_slow_tests(path: Path) -> list[str]:
+    """The test ids of a slow-test table, slowest first ('#' lines are notes)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [line.split("\t")[1] for line in lines if line.strip() and not line.startswith("#")]
 
 
 def shards(files: list[str], seconds: dict[str, float], count: int) -> list[list[str]]:
@@ -69,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         lines = ["# test file\tseconds on a GPU (tools/test_shards.py --write)"]
         lines += [f"{name}\t{total[name]:.0f}" for name in sorted(total)]
         TABLE.write_text("\n".join(lines) + "\n")
+        each = test_seconds(args.write)
+        slow = sorted((t for t in each if each[t] >= SLOW_SECONDS), key=lambda t: (-each[t], t))
+        lines = ["# seconds on a GPU\ttest, the slowest first (tools/test_shards.py --write)"]
+        lines += [f"{each[t]:.0f}\t{t}" for t in slow]
+        SLOW_TABLE.write_text("\n".join(lines) + "\n")
         return 0
     try:
         index, count = (int(x) for x in (args.shard or "").split("/"))
