@@ -322,20 +322,18 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         # 16-bit result is rounded once, as on one device.
         acc = _canonical.accumulation_dtype(product.out_dtype)
         if ring_k:
-            return _rings.reduce_scatter_ring(
-                call,
-                product,
-                a,
-                b,
+            ring = dict(
                 axes=k_axes,
                 n=k_split,
                 factor=chunked,
                 dims=dims,
-                pieces=pieces,
                 gather=scatter is None,
                 acc_dtype=acc,
                 beside_transfer=beside_transfer,
             )
+            if settings.k_ring == "operands":
+                return _rings.operand_ring(call, product, a, b, **ring)
+            return _rings.reduce_scatter_ring(call, product, a, b, pieces=pieces, **ring)
         partial = call(a, b, product, acc)
         if scatter is None:
             total = lax.psum(partial, k_axes)

@@ -7,6 +7,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(gather_spare_sms=16):  # the same in the all-gather ring
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(k_ring="operands"):  # K rings send operands, not sums
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
         y = jax.jit(jax_tiled.matmul)(x, w)
     jax_tiled.overlap.set_default(chunks=2)         # for the rest of the process
@@ -24,12 +26,15 @@ import dataclasses
 
 import jax
 
-__all__ = ["SPARE_SMS", "Settings", "current", "set_default", "settings"]
+__all__ = ["K_RINGS", "SPARE_SMS", "Settings", "current", "set_default", "settings"]
 
 # On two H100s (docs/sharding.md), a K ring's product and NCCL's send/receive
 # kernel beside it competed for SMs; with 32 left to NCCL, bfloat16 8192^3 K
 # rings ran 18-22% faster, with 16 no faster, with 48 the same, with 64 slower.
 SPARE_SMS = 32
+
+# What the K rings can send: their partial sums, or the operands.
+K_RINGS = ("sums", "operands")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +55,18 @@ class Settings:
     latency estimator (the compiler option
     `xla_gpu_enable_analytical_latency_estimator`) the transfer runs beside
     the product, and 16 spared SMs ran fastest (docs/sharding.md).
-    CPU products ignore both."""
+    CPU products ignore both.
+    k_ring: what the K rings send between devices: "sums" (the default), each
+    block's float32 partial sums around the ring; "operands", each device's
+    slice of K of the operands, in their own type, to every other device
+    (fewer bytes where K is not much larger than M and N; one piece, so
+    `chunks` does not apply). Not yet run on a GPU (docs/sharding.md)."""
 
     enabled: bool = True
     chunks: int | None = None
     spare_sms: int = SPARE_SMS
     gather_spare_sms: int = 0
+    k_ring: str = "sums"
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
@@ -74,6 +85,11 @@ class Settings:
                 raise TypeError(f"jax_tiled.overlap: {name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"jax_tiled.overlap: {name} must be at least 0, got {value}")
+        if self.k_ring not in K_RINGS:
+            raise ValueError(
+                f"jax_tiled.overlap: k_ring must be one of {', '.join(map(repr, K_RINGS))}, "
+                f"got {self.k_ring!r}"
+            )
 
     def pieces(self) -> int:
         return self.chunks if self.chunks is not None else 1
@@ -101,9 +117,10 @@ def settings(
     chunks: int | None = None,
     spare_sms: int = SPARE_SMS,
     gather_spare_sms: int = 0,
+    k_ring: str = "sums",
 ):
     """Sets the overlap for the functions lowered inside the block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring)
     if _context is None:
         _fallback.append(new)
         try:
@@ -121,9 +138,10 @@ def set_default(
     chunks: int | None = None,
     spare_sms: int = SPARE_SMS,
     gather_spare_sms: int = 0,
+    k_ring: str = "sums",
 ) -> None:
     """Sets the overlap outside any `settings` block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring)
     if _context is None:
         _fallback[0] = new
     else:

@@ -789,17 +789,19 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
     assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
 
 
-def test_scaling_tool_compiles_with_options_and_times_the_gather_ring_spares(tmp_path):
+def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path):
     """--compiler-option NAME=VALUE compiles ours and jnp's programs with that
-    XLA option (typed, written to the JSON); --gather-spare-sms adds a row per
-    value of the all-gather ring's spared SMs; a malformed option is refused."""
+    XLA option (typed, written to the JSON); --gather-spare-sms and --k-ring
+    add a row per value of each; a malformed option is refused."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
     common = [sys.executable, str(script), "--size", "64", "--repeats", "5"]
     option = "xla_gpu_enable_analytical_latency_estimator"
+    layouts = ["all-gather (a by M, b by N)", "K-sharded, reduce-scatter"]
     result = subprocess.run(
-        [*common, "--layouts", "all-gather (a by M, b by N)", "--gather-spare-sms", "0", "16"]
+        [*common, "--layouts", *layouts, "--gather-spare-sms", "0", "16"]
+        + ["--k-ring", "sums", "operands"]
         + ["--compiler-option", f"{option}=true", "--json", str(report)],
         capture_output=True,
         text=True,
@@ -811,9 +813,13 @@ def test_scaling_tool_compiles_with_options_and_times_the_gather_ring_spares(tmp
     written = json.loads(report.read_text())
     assert written["compiler_options"] == {option: True}
     spare = jax_tiled.overlap.SPARE_SMS
-    assert [row["variant"] for row in written["rows"]] == [
-        f"chunks=auto spare={spare} gather=0",
-        f"chunks=auto spare={spare} gather=16",
+    variants = [
+        f"chunks=auto spare={spare} gather={gather} {ring}"
+        for gather in (0, 16)
+        for ring in ("sums", "operands")
+    ]
+    assert [(row["layout"], row["variant"]) for row in written["rows"]] == [
+        (layout, variant) for layout in layouts for variant in variants
     ]
     refused = subprocess.run(
         [*common, "--compiler-option", "no-value"],

@@ -294,16 +294,18 @@ def test_all_gather_pattern_runs_a_ring(partitioner, rng, name):
 
 
 @pytest.mark.parametrize("m,n,k", [(7, 10, 16), (9, 4, 16), (8, 12, 14), (7, 10, 13)])
-@pytest.mark.parametrize("chunks", [None, 1, 3])
-def test_rings_on_sizes_that_do_not_divide(rng, m, n, k, chunks):
+@pytest.mark.parametrize(
+    "chunks,k_ring", [(None, "sums"), (1, "sums"), (3, "sums"), (None, "operands")]
+)
+def test_rings_on_sizes_that_do_not_divide(rng, m, n, k, chunks, k_ring):
     """Blocks of ceil(size / devices) rows, pieces of ceil(block / chunks): the
-    padded rows are computed and dropped, the padded K zeroed."""
+    padded rows are computed and dropped, the padded K zeroed (both K rings)."""
     mesh = make_mesh("cpu", (4,), ("x",))
     cut = lambda mm: lambda a, b: mm(a[:m, :k], b[:k, :n])
     for a_spec, b_spec in ((P(None, "x"), P("x")), (P("x"), P(None, "x"))):
         a_np, a = put(rng, mesh, (12, 16), a_spec)
         b_np, b = put(rng, mesh, (16, 12), b_spec)
-        with jax_tiled.overlap.settings(chunks=chunks):
+        with jax_tiled.overlap.settings(chunks=chunks, k_ring=k_ring):
             # jit refuses an output sharding that does not divide the result.
             for out_spec in (
                 None,
@@ -335,6 +337,92 @@ def test_k_ring_pieces(rng, chunks, out_spec):
         replicated = not any(out_spec)
         assert collectives(f, a, b) == {RING}
         assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
+
+
+@pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[-1]])
+def test_operand_ring_product_and_gradient(partitioner, rng, name):
+    """k_ring="operands": every K-sharded case and its gradient against float64,
+    the operands moved by collective-permutes and no sum moved by a collective."""
+    mesh, a_np, a, b_np, b, out_spec, _ = _case("cpu", rng, name)
+    with jax_tiled.overlap.settings(k_ring="operands"):
+        f = jax.jit(tiled)
+        out = f(a, b)
+        assert_matmul_close(out, a_np, b_np, precision="highest")
+        assert _same_spec(out.sharding, out_spec, out.ndim), out.sharding
+        assert collectives(f, a, b) == {RING}
+        grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
+        assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
+
+
+@pytest.mark.parametrize("out_spec", [P(), P("x"), P(None, "x")])
+@pytest.mark.parametrize("m,n,k", [(24, 24, 16), (7, 10, 16), (9, 4, 32)])
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, True)])
+def test_operand_ring_blocks_and_layouts(rng, out_spec, m, n, k, transpose_a, transpose_b):
+    """The operand ring on blocks that do not divide, stored layouts, a replicated
+    or reduce-scattered result (along M or N): the same values as the sums'
+    ring, and per step one transfer of each operand (a replicated result
+    gathers its blocks after)."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    divides = out_spec == P() or (m if out_spec == P("x") else n) % 4 == 0
+    a_np = random_array(rng, (k, m) if transpose_a else (m, k), np.float32)
+    b_np = random_array(rng, (n, k) if transpose_b else (k, n), np.float32)
+    k_spec = lambda transposed, first: P("x") if transposed == first else P(None, "x")
+    a = jax.device_put(a_np, NamedSharding(mesh, k_spec(transpose_a, True)))
+    b = jax.device_put(b_np, NamedSharding(mesh, k_spec(transpose_b, False)))
+    mm = lambda x, y: tiled(x.T if transpose_a else x, y.T if transpose_b else y)
+    out_sharding = NamedSharding(mesh, out_spec) if divides else None
+    with jax_tiled.overlap.settings(k_ring="operands"):
+        f = jax.jit(mm, out_shardings=out_sharding)
+        out = f(a, b)
+        steps = ring_steps(f, a, b)
+    a_math = a_np.T if transpose_a else a_np
+    b_math = b_np.T if transpose_b else b_np
+    assert_matmul_close(out, a_math, b_math, precision="highest")
+    sums = jax.jit(mm, out_shardings=out_sharding)(a, b)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(sums), rtol=1e-5, atol=1e-5)
+    replicated = out_sharding is None or not any(out_spec)
+    assert steps == 2 * 3 + (3 if replicated else 0), steps
+
+
+def test_operand_ring_rounds_a_16_bit_result_once(rng):
+    """The operand ring's partial sums stay in float32 on the device that adds
+    them: a bfloat16 result is within one rounding of the float64 product."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
+    with jax_tiled.overlap.settings(k_ring="operands"):
+        for out_spec in (P(), P("x")):
+            out = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))(a, b)
+            assert out.dtype == jnp.bfloat16
+            assert_matmul_close(out, a_np, b_np)
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_operand_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
+    """Every transfer of the operand ring depends only on the operands, so every
+    product but the last may run beside one and carries `beside_transfer`."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
+    seen = []
+
+    def call(a, b, p, out_dtype):
+        seen.append(p.spare_sms)
+        return jnp.matmul(a, b).astype(out_dtype)
+
+    def ring(a, b):
+        return _rings.operand_ring(
+            call, product, a, b, axes=("x",), n=4, factor="m",
+            dims=_canonical.positions(False, False), gather=gather,
+            acc_dtype=np.float32, beside_transfer=beside,
+        )  # fmt: skip
+
+    a_np = random_array(rng, (1, 16, 32), np.float32)
+    b_np = random_array(rng, (1, 32, 24), np.float32)
+    specs, out_spec = (P(None, None, "x"), P(None, "x")), P() if gather else P(None, "x")
+    f = jax.shard_map(ring, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
+    out = jax.jit(f)(a_np, b_np)
+    assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
+    assert seen == [32, 32, 32, 0]
 
 
 @pytest.mark.parametrize("gather", [False, True])
@@ -474,6 +562,7 @@ def test_rings_are_deterministic(rng):
         (dict(spare_sms=None), TypeError, r"spare_sms must be an int, got None"),
         (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
         (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
+        (dict(k_ring="partials"), ValueError, r"k_ring must be one of 'sums', 'operands'"),
     ],
 )
 def test_overlap_settings_are_checked(kwargs, error, message):

@@ -2,7 +2,7 @@
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
-        [--no-overlap] [--devices 2] [--pgle 3] [--schedule]
+        [--k-ring sums operands] [--no-overlap] [--devices 2] [--pgle 3] [--schedule]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
         [--json scaling.json]
 
@@ -18,8 +18,9 @@ of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
 per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
 pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
-(the same for the all-gather ring); `--no-overlap` adds a row with the
-overlap turned off. `--compiler-option NAME=VALUE` compiles every program,
+(the same for the all-gather ring) and of `--k-ring` (what the K rings
+send: `sums` or `operands`); `--no-overlap` adds a row with the overlap
+turned off. `--compiler-option NAME=VALUE` compiles every program,
 ours and jnp's, with that XLA option. Every product is checked against
 jnp.matmul's on the same sharding and against ours on one device before it
 is timed. `--json` writes the rows, the device, the arguments and the
@@ -181,6 +182,13 @@ def main(argv=None) -> int:
         "--spare-sms (default: 0)",
     )
     parser.add_argument(
+        "--k-ring",
+        nargs="+",
+        default=["sums"],
+        choices=jax_tiled.overlap.K_RINGS,
+        help="jax_tiled.overlap k_ring to time, each with each other setting (default: sums)",
+    )
+    parser.add_argument(
         "--compiler-option",
         action="append",
         default=[],
@@ -241,11 +249,13 @@ def main(argv=None) -> int:
         print(f"# compiled with {options}")
     variants = [
         (f"chunks={c if c is not None else 'auto'} spare={spare}"
-         + (f" gather={gather}" if args.gather_spare_sms != [0] else ""),
-         dict(chunks=c, spare_sms=spare, gather_spare_sms=gather))
+         + (f" gather={gather}" if args.gather_spare_sms != [0] else "")
+         + (f" {ring}" if args.k_ring != ["sums"] else ""),
+         dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring))
         for c in args.chunks
         for spare in args.spare_sms
         for gather in args.gather_spare_sms
+        for ring in args.k_ring
     ]  # fmt: skip
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
