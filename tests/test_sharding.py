@@ -504,6 +504,23 @@ def test_cuda_ring_products_carry_the_spared_sms(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("out_spec", [P(), P("x")])
+def test_cuda_operand_ring(rng, out_spec):
+    """k_ring="operands" on GPUs: a bfloat16 K split, replicated or
+    reduce-scattered, within one rounding of the float64 product; the
+    product beside a transfer spares `spare_sms`, the last none."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (256, 512), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (512, 192), P("x"), jnp.bfloat16)
+    with jax_tiled.overlap.settings(k_ring="operands"):
+        f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+        assert_matmul_close(f(a, b), a_np, b_np, platform="cuda")
+        text = f.lower(a, b).compile().as_text()
+    spared = jax_tiled.overlap.SPARE_SMS
+    assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0, spared], text
+
+
+@pytest.mark.gpu
 def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
     """On GPUs, the all-gather ring's product beside its transfer asks the
     handler for `overlap.Settings.gather_spare_sms` fewer SMs (default none);
