@@ -392,7 +392,9 @@ def test_multi_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
         'mkdir -p "$OUT"\n'
         'echo "STEPS=$STEPS SKIP_BUILD=${SKIP_BUILD:-} TEST_SHARD=${TEST_SHARD:-} '
         "GPU=${CUDA_VISIBLE_DEVICES:-} KERNELS=${KERNELS:-} BASELINE=${BASELINE:-} "
-        'ACCURACY_ARGS=${ACCURACY_ARGS:-}" >> ' + str(calls) + "\n"
+        'ACCURACY_ARGS=${ACCURACY_ARGS:-}${TESTS:+ TESTS=$TESTS $PYTEST_ADDOPTS}" >> '
+        + str(calls)
+        + "\n"
         '[[ $STEPS == accuracy ]] && echo "{}" > "$OUT/accuracy.json"\n'
         'echo "== $STEPS: ok"\n'
     )
@@ -420,11 +422,16 @@ def test_multi_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
         "STEPS=tests SKIP_BUILD=1 TEST_SHARD=each GPU= KERNELS= BASELINE= "
         "ACCURACY_ARGS=--dtype bfloat16",
     ]
-    assert sorted(logged[2:]) == [
+    assert sorted(logged[2:4]) == [
         "STEPS=accuracy SKIP_BUILD=1 TEST_SHARD= GPU=1 KERNELS= BASELINE= "
         "ACCURACY_ARGS=--dtype bfloat16",
         "STEPS=sanitize SKIP_BUILD=1 TEST_SHARD= GPU=0 KERNELS=wgmma BASELINE= "
         "ACCURACY_ARGS=--dtype bfloat16",
+    ]
+    # Then the tests of several GPUs, on every GPU.
+    assert logged[4:] == [
+        "STEPS=tests SKIP_BUILD=1 TEST_SHARD= GPU= KERNELS= BASELINE= "
+        "ACCURACY_ARGS=--dtype bfloat16 TESTS=tests/test_sharding.py -m gpu"
     ]
     for summary in ("== none: ok", "== tests: ok", "== sanitize: ok", "== accuracy: ok"):
         assert summary in done.stdout

@@ -11,7 +11,9 @@
 # the machine has GPUs, all at once, one a GPU (TEST_SHARD=each;
 # TEST_TIMEOUT, default 540 s), then the sanitizers on KERNELS (default
 # wgmma) on GPU 0 beside device_check.sh's accuracy step (`--accuracy`,
-# with ACCURACY_ARGS: its default shapes if none) on GPU 1. On two H100s
+# with ACCURACY_ARGS: its default shapes if none) on GPU 1, then the GPU tests
+# of tests/test_sharding.py on every GPU (those of two GPUs, which a shard of
+# one GPU skips; SEVERAL_GPUS_TIMEOUT, default 120 s). On two H100s
 # (2026-11-26) the two shards took 540 s and more, which left the
 # sanitizers (about 100 s) to a call of their own; on four GPUs the
 # quarters should take about half that (not yet run), and a machine of
@@ -77,6 +79,11 @@ case ${MODE:-check} in
     wait "$sanitizing" || status=1
     wait "$measuring" || status=1
     cat "$work/sanitize.summary" "$work/accuracy.summary"
+    # The tests that need two GPUs or more (the sharded products on CUDA),
+    # which every shard above skips with one GPU visible: every GPU, two workers.
+    step several_gpus STEPS=tests SKIP_BUILD=1 TESTS=tests/test_sharding.py TEST_WORKERS=2 \
+      "PYTEST_ADDOPTS=-m gpu" "TEST_TIMEOUT=${SEVERAL_GPUS_TIMEOUT:-120}" || status=1
+    grep -E '^tests/' "$work/several_gpus.txt" | head -20
     ;;
   timing)
     step bench STEPS=bench SKIP_BUILD=1 CUDA_VISIBLE_DEVICES=0 \
