@@ -397,10 +397,11 @@ def test_operand_ring_rounds_a_16_bit_result_once(rng):
             assert_matmul_close(out, a_np, b_np)
 
 
-@pytest.mark.parametrize("gather", [False, True])
-def test_operand_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
-    """Every transfer of the operand ring depends only on the operands, so every
-    product but the last may run beside one and carries `beside_transfer`."""
+def _ring_spares(rng, ring, in_specs, out_spec):
+    """Runs `ring(call, product, beside, a, b)` on 4 CPU devices for a
+    (1, 16, 32) by b (1, 32, 24), `call` recording the spared SMs of the
+    product it is given (`product` spares none, `beside` 32); checks the
+    result and returns what it recorded, in order."""
     mesh = make_mesh("cpu", (4,), ("x",))
     product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
     seen = []
@@ -409,20 +410,22 @@ def test_operand_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
         seen.append(p.spare_sms)
         return jnp.matmul(a, b).astype(out_dtype)
 
-    def ring(a, b):
-        return _rings.operand_ring(
-            call, product, a, b, axes=("x",), n=4, factor="m",
-            dims=_canonical.positions(False, False), gather=gather,
-            acc_dtype=np.float32, beside_transfer=beside,
-        )  # fmt: skip
-
     a_np = random_array(rng, (1, 16, 32), np.float32)
     b_np = random_array(rng, (1, 32, 24), np.float32)
-    specs, out_spec = (P(None, None, "x"), P(None, "x")), P() if gather else P(None, "x")
-    f = jax.shard_map(ring, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
+    f = jax.shard_map(
+        lambda a, b: ring(call, product, beside, a, b),
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_spec,
+        check_vma=False,
+    )
     out = jax.jit(f)(a_np, b_np)
     assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
-    assert seen == [32, 32, 32, 0]
+    return seen
+
+
+K_SPLIT = (P(None, None, "x"), P(None, "x"))  # a's K and b's K split over the ring
+ROWS = _canonical.positions(False, False)
 
 
 @pytest.mark.parametrize("gather", [False, True])
@@ -430,55 +433,34 @@ def test_k_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
     """Every product of a K ring that runs while a transfer is in flight (the
     previous step's sum, or the previous piece's gather) carries
     `beside_transfer` (on CUDA: SMs left free for NCCL's kernel); the first
-    overlaps none."""
-    mesh = make_mesh("cpu", (4,), ("x",))
-    product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
-    seen = []
+    overlaps none. 4 devices, 2 pieces a block: 8 products."""
+    ring = lambda call, product, beside, a, b: _rings.reduce_scatter_ring(
+        call, product, a, b, axes=("x",), n=4, factor="m", dims=ROWS, pieces=2,
+        gather=gather, acc_dtype=np.float32, beside_transfer=beside,
+    )  # fmt: skip
+    assert _ring_spares(rng, ring, K_SPLIT, P() if gather else P(None, "x")) == [0] + [32] * 7
 
-    def call(a, b, p, out_dtype):
-        seen.append(p.spare_sms)
-        return jnp.matmul(a, b).astype(out_dtype)
 
-    def k_ring(a, b):  # 4 devices, 2 pieces a block: 8 products
-        return _rings.reduce_scatter_ring(
-            call, product, a, b, axes=("x",), n=4, factor="m",
-            dims=_canonical.positions(False, False), pieces=2, gather=gather,
-            acc_dtype=np.float32, beside_transfer=beside,
-        )  # fmt: skip
-
-    a_np = random_array(rng, (1, 16, 32), np.float32)
-    b_np = random_array(rng, (1, 32, 24), np.float32)
-    specs, out_spec = (P(None, None, "x"), P(None, "x")), P() if gather else P(None, "x")
-    f = jax.shard_map(k_ring, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
-    out = jax.jit(f)(a_np, b_np)
-    assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
-    assert seen == [0] + [32] * 7
+@pytest.mark.parametrize("gather", [False, True])
+def test_operand_ring_products_beside_a_transfer_leave_sms_to_it(rng, gather):
+    """Every transfer of the operand ring depends only on the operands, so every
+    product but the last may run beside one and carries `beside_transfer`."""
+    ring = lambda call, product, beside, a, b: _rings.operand_ring(
+        call, product, a, b, axes=("x",), n=4, factor="m", dims=ROWS, gather=gather,
+        acc_dtype=np.float32, beside_transfer=beside,
+    )  # fmt: skip
+    assert _ring_spares(rng, ring, K_SPLIT, P() if gather else P(None, "x")) == [32, 32, 32, 0]
 
 
 def test_all_gather_ring_products_beside_a_transfer_leave_sms_to_it(rng):
     """The all-gather ring's products but the last run beside the transfer of
     the next block and carry `beside_transfer`; the last overlaps none."""
-    mesh = make_mesh("cpu", (4,), ("x",))
-    product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=16)
-    seen = []
-
-    def call(a, b, p, out_dtype):
-        seen.append(p.spare_sms)
-        return jnp.matmul(a, b).astype(out_dtype)
-
-    def ring(a, b):
-        return _rings.all_gather_ring(
-            call, product, a, b, axes=("x",), n=4, gathered="a",
-            dims=_canonical.positions(False, False), size=16, beside_transfer=beside,
-        )  # fmt: skip
-
-    a_np = random_array(rng, (1, 16, 32), np.float32)
-    b_np = random_array(rng, (1, 32, 24), np.float32)
-    specs = (P(None, "x"), P(None, None, "x"))
-    f = jax.shard_map(ring, mesh=mesh, in_specs=specs, out_specs=P(None, None, "x"))
-    out = jax.jit(f)(a_np, b_np)
-    assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
-    assert seen == [16, 16, 16, 0]
+    ring = lambda call, product, beside, a, b: _rings.all_gather_ring(
+        call, product, a, b, axes=("x",), n=4, gathered="a", dims=ROWS, size=16,
+        beside_transfer=beside,
+    )  # fmt: skip
+    in_specs = (P(None, "x"), P(None, None, "x"))
+    assert _ring_spares(rng, ring, in_specs, P(None, None, "x")) == [32, 32, 32, 0]
 
 
 def _rings_product(spare_sms):
