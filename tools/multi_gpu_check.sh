@@ -15,8 +15,11 @@
 # of tests/test_sharding.py on every GPU (those of two GPUs, which a shard of
 # one GPU skips; SEVERAL_GPUS_TIMEOUT, default 120 s). On two H100s
 # (2026-11-26) the two shards took 540 s and more, which left the
-# sanitizers (about 100 s) to a call of their own; on four GPUs the
-# quarters should take about half that (not yet run), and a machine of
+# sanitizers (about 100 s) to a call of their own. On four H100s the same
+# day three quarters took about 245 s and the fourth was cut at 420 s by one
+# nvcc test collected last, which now starts first (tests/gpu_slow_tests.tsv);
+# the sanitizers and --accuracy took about 100 s after, so with TEST_TIMEOUT=300
+# the whole check should fit one call there (not yet run so). A machine of
 # several GPUs costs its held time once, not once a GPU.
 # MODE=timing: the benchmark against BASELINE (default docs/perf), then, given
 # AB_BEFORE (a folder with the wheel of the build before) and AB_ARGS (the
