@@ -384,6 +384,23 @@ def test_operand_ring_blocks_and_layouts(rng, out_spec, m, n, k, transpose_a, tr
     assert steps == 2 * 3 + (3 if replicated else 0), steps
 
 
+@pytest.mark.parametrize("a_shape", [(4, 8, 16), (8, 16)])  # a batch of its own, or broadcast
+@pytest.mark.parametrize("out_spec", [P(), P("x")])
+def test_operand_ring_on_batches(rng, a_shape, out_spec):
+    """A batched K split scattered along the batch (or replicated): each
+    operand with the batch is sent in pieces, a broadcast one whole (two
+    transfers a step either way), and the product matches float64's."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, a_shape, P(*[None] * (len(a_shape) - 1), "x"))
+    b_np, b = put(rng, mesh, (4, 16, 12), P(None, "x"))
+    with jax_tiled.overlap.settings(k_ring="operands"):
+        f = jax.jit(tiled, out_shardings=NamedSharding(mesh, out_spec))
+        out = f(a, b)
+        steps = ring_steps(f, a, b)
+    assert_matmul_close(out, a_np, b_np, precision="highest")
+    assert steps == 2 * 3 + (0 if any(out_spec) else 3), steps
+
+
 def test_operand_ring_rounds_a_16_bit_result_once(rng):
     """The operand ring's partial sums stay in float32 on the device that adds
     them: a bfloat16 result is within one rounding of the float64 product."""
