@@ -653,7 +653,7 @@ def test_slow_tests_table_orders_collection_slowest_first(tmp_path, monkeypatch)
         "40.0\tpassed\ttests/test_b.py::slower\n"
         "30.0\tpassed\ttests/test_a.py::slow\n"  # ran twice: the longer counts
     )
-    assert shards_tool.test_seconds([times]) == {
+    assert shards_tool.seconds_per_test([times]) == {
         "tests/test_a.py::slow": 30.0,
         "tests/test_a.py::fast": 1.0,
         "tests/test_b.py::slower": 40.0,

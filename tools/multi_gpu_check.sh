@@ -17,7 +17,7 @@
 # (2026-11-26) the two shards took 540 s and more, which left the
 # sanitizers (about 100 s) to a call of their own. On four H100s the same
 # day three quarters took about 245 s and the fourth was cut at 420 s by one
-# nvcc test collected last, which now starts first (tests/gpu_slow_tests.tsv);
+# nvcc test that had started late, which now starts first (gpu_slow_tests.tsv);
 # the sanitizers and --accuracy took about 100 s after, so with TEST_TIMEOUT=300
 # the whole check should fit one call there (not yet run so). A machine of
 # several GPUs costs its held time once, not once a GPU.

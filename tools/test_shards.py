@@ -14,8 +14,9 @@ tests in the first of two shards and 450 in the second (2026-11-26).
 
 Within a shard, pytest-xdist hands out tests in the order they are collected,
 so a slow test collected late starts late: on four H100s (2026-11-26) three
-shards ended in about 245 s and the fourth was cut at 420 s with its three
-slowest tests, nvcc's ptxas checks, still running. tests/gpu_slow_tests.tsv
+shards ended in about 245 s and the fourth was cut at 420 s with one test
+still running, nvcc's ptxas check of the wgmma unit for float, which had
+started late. tests/gpu_slow_tests.tsv
 names the tests that took SLOW_SECONDS or more, the slowest first; with
 JAX_TILED_SLOW_FIRST=1 (tools/device_check.sh sets it) tests/conftest.py
 collects them first, in that order, and the rest as before.
@@ -56,7 +57,7 @@ def file_seconds(times: list[Path]) -> Counter:
     return total
 
 
-def test_seconds(times: list[Path]) -> dict[str, float]:
+def seconds_per_test(times: list[Path]) -> dict[str, float]:
     """Each test's seconds in test_times.tsv files (the longest where a test
     ran in more than one)."""
     seconds: dict[str, float] = {}
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = ["# test file\tseconds on a GPU (tools/test_shards.py --write)"]
         lines += [f"{name}\t{total[name]:.0f}" for name in sorted(total)]
         TABLE.write_text("\n".join(lines) + "\n")
-        each = test_seconds(args.write)
+        each = seconds_per_test(args.write)
         slow = sorted((t for t in each if each[t] >= SLOW_SECONDS), key=lambda t: (-each[t], t))
         lines = ["# seconds on a GPU\ttest, the slowest first (tools/test_shards.py --write)"]
         lines += [f"{each[t]:.0f}\t{t}" for t in slow]
