@@ -16,10 +16,10 @@ Within a shard, pytest-xdist hands out tests in the order they are collected,
 so a slow test collected late starts late: on four H100s (2026-11-26) three
 shards ended in about 245 s and the fourth was cut at 420 s with one test
 still running, nvcc's ptxas check of the wgmma unit for float, which had
-started late. tests/gpu_slow_tests.tsv
-names the tests that took SLOW_SECONDS or more, the slowest first; with
-JAX_TILED_SLOW_FIRST=1 (tools/device_check.sh sets it) tests/conftest.py
-collects them first, in that order, and the rest as before.
+started late. tests/gpu_slow_tests.tsv names the tests that took
+SLOW_SECONDS or more, the slowest first; with JAX_TILED_SLOW_FIRST=1
+(tools/device_check.sh sets it) tests/conftest.py collects them first, in
+that order, and the rest as before.
 """
 
 from __future__ import annotations
