@@ -102,8 +102,8 @@ def operand_ring(call, product, a, b, *, axes, n, factor, dims, gather, acc_dtyp
     for M, b for N, both for a batch that neither broadcasts) is sent in
     pieces, device j sending device i its rows of block i; one that does not is
     sent whole. Step s receives from device i - s directly (`ppermute` by s
-    places, each pair one link of the switch), so no transfer waits on
-    another or on a product, and all of them can run beside the products.
+    places), so no transfer waits on another or on a product, and all of
+    them can run beside the products.
 
     The bytes, per device, for bfloat16 at m x k x n over d devices: (d - 1)(m
     k / d^2 + k n / d) values of the input type, against (d - 1) m n / d
