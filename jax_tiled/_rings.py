@@ -124,14 +124,15 @@ def operand_ring(call, product, a, b, *, axes, n, factor, dims, gather, acc_dtyp
         mine = _rows(take, operand, ((index + s) % n) * block, block)
         return mine if s == 0 else lax.ppermute(mine, axes, [(j, (j + s) % n) for j in range(n)])
 
+    incoming = [(received(take_a, a, s), received(take_b, b, s)) for s in range(n)]
     total = None
     for s in range(n):
-        partial = call(
-            received(take_a, a, s),
-            received(take_b, b, s),
-            beside_transfer if s < n - 1 else product,
-            acc_dtype,
-        )
+        partial = call(*incoming[s], beside_transfer if s < n - 1 else product, acc_dtype)
+        if s < n - 1:
+            # The next step's operands and this product made ready together
+            # (see `all_gather_ring`): without it XLA's scheduler ended every
+            # transfer before the first product.
+            partial, incoming[s + 1] = lax.optimization_barrier((partial, incoming[s + 1]))
         total = partial if total is None else total + partial
     block_result = total.astype(product.out_dtype)
     if gather:
@@ -190,7 +191,9 @@ def _gather_blocks(x, axes, n, index, forward):
     return out
 
 
-def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size, beside_transfer):
+def all_gather_ring(
+    call, product, a, b, *, axes, n, gathered, dims, size, beside_transfer, barrier=True
+):
     """`call` on the full `gathered` operand ("a": along M, "b": along N), of
     which each device of `axes` holds one block, against the other operand's
     local block: the ring passes the blocks to device i - 1 and each step's
@@ -198,6 +201,13 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size, besid
     next block is in transit. `size` is the gathered dimension's full length
     (the blocks may be padded past it). Every product but the last runs beside
     a transfer and is described by `beside_transfer`.
+
+    With `barrier`, the block in transit and the product beside it pass
+    through one `lax.optimization_barrier`, so that the transfer's end and the
+    product become ready together: XLA's default scheduler, which knows no
+    custom call's time, otherwise ended the transfer before the product, and
+    with the barrier it runs the product inside it (docs/sharding.md, "The
+    all-gather ring's order"). The barrier holds no computation of its own.
     """
     (_, am, _), (_, _, bn) = dims
     moving = a if gathered == "a" else b
@@ -216,6 +226,8 @@ def all_gather_ring(call, product, a, b, *, axes, n, gathered, dims, size, besid
             if gathered == "a"
             else call(a, moving, step, product.out_dtype)
         )
+        if barrier and following is not None:
+            following, result = lax.optimization_barrier((following, result))
         if out is None:
             shape = list(result.shape)
             shape[out_dim] = n * block

@@ -289,7 +289,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
 
     # A ring's products that run beside a transfer leave SMs to it.
     beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
-    beside_gather = dataclasses.replace(product, spare_sms=settings.gather_spare_sms)
+    beside_gather = dataclasses.replace(product, spare_sms=settings.gather_spares())
 
     def lower_fn(a, b):
         # Per-device code has no mesh: under the caller's explicit one, jax 0.8
@@ -311,6 +311,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 dims=dims,
                 size=sizes["m" if gathered == "a" else "n"],
                 beside_transfer=beside_gather,
+                barrier=settings.gather_barrier,
             )
         if not k_axes:
             return call(a, b, product, product.out_dtype)

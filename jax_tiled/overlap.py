@@ -7,6 +7,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(gather_spare_sms=16):  # the same in the all-gather ring
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(gather_barrier=False):  # its order left to XLA's scheduler
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_ring="operands"):  # K rings send operands, not sums
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
@@ -26,12 +28,27 @@ import dataclasses
 
 import jax
 
-__all__ = ["K_RINGS", "SPARE_SMS", "Settings", "current", "set_default", "settings"]
+__all__ = [
+    "GATHER_SPARE_SMS",
+    "K_RINGS",
+    "SPARE_SMS",
+    "Settings",
+    "current",
+    "set_default",
+    "settings",
+]
 
 # On two H100s (docs/sharding.md), a K ring's product and NCCL's send/receive
 # kernel beside it competed for SMs; with 32 left to NCCL, bfloat16 8192^3 K
 # rings ran 18-22% faster, with 16 no faster, with 48 the same, with 64 slower.
 SPARE_SMS = 32
+
+# The same for the all-gather ring's products, with the barrier that places
+# them inside the transfer: on two H100s (docs/sharding.md, "The all-gather
+# ring's order") 32 ran the bfloat16 8192^3 pattern 4-6% faster than the ring
+# before, 16 2-4%, none 4-7% slower. Without the barrier XLA's scheduler ends
+# the transfer before the product, and any SM spared is only lost (0).
+GATHER_SPARE_SMS = 32
 
 # What the K rings can send: their partial sums, or the operands.
 K_RINGS = ("sums", "operands")
@@ -49,28 +66,39 @@ class Settings:
     runs on SMs) starts at once rather than waiting on the product's persistent
     grid; the ring's first product, which overlaps no transfer, takes every SM.
     gather_spare_sms: the same for the all-gather ring's products that run
-    beside a transfer (default 0, every SM). XLA's default scheduler finishes
-    that ring's transfer before the product it should hide behind, and a
-    product that spares SMs then only runs slower; with XLA's analytical
+    beside a transfer; None (the default) picks `GATHER_SPARE_SMS` with
+    `gather_barrier` and 0 without it.
+    gather_barrier: pass each step of the all-gather ring, the block in
+    transit and the product beside it, through `lax.optimization_barrier`
+    (default True). XLA's default scheduler, which knows no custom call's
+    time, otherwise ends the transfer before the product; with the barrier
+    the two become ready together and the product runs inside the transfer.
+    False leaves the order to XLA: a program compiled with XLA's analytical
     latency estimator (the compiler option
-    `xla_gpu_enable_analytical_latency_estimator`) the transfer runs beside
-    the product, and 16 spared SMs ran fastest (docs/sharding.md).
+    `xla_gpu_enable_analytical_latency_estimator`) places the product inside
+    the transfer by itself, and ran faster so, with 16 SMs spared
+    (docs/sharding.md).
     CPU products ignore both.
     k_ring: what the K rings send between devices: "sums" (the default), each
     block's float32 partial sums around the ring; "operands", each device's
     slice of K of the operands, in their own type, to every other device
     (fewer bytes where K is not much larger than M and N; one piece, so
-    `chunks` does not apply). Not yet run on a GPU (docs/sharding.md)."""
+    `chunks` does not apply). On two H100s it ran slower than the sums
+    (docs/sharding.md)."""
 
     enabled: bool = True
     chunks: int | None = None
     spare_sms: int = SPARE_SMS
-    gather_spare_sms: int = 0
+    gather_spare_sms: int | None = None
     k_ring: str = "sums"
+    gather_barrier: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.enabled, bool):
-            raise TypeError(f"jax_tiled.overlap: enabled must be a bool, got {self.enabled!r}")
+        for name in ("enabled", "gather_barrier"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"jax_tiled.overlap: {name} must be a bool, got {getattr(self, name)!r}"
+                )
         if self.chunks is not None and (
             isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
         ):
@@ -81,6 +109,8 @@ class Settings:
             raise ValueError(f"jax_tiled.overlap: chunks must be at least 1, got {self.chunks}")
         for name in ("spare_sms", "gather_spare_sms"):
             value = getattr(self, name)
+            if value is None and name == "gather_spare_sms":
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"jax_tiled.overlap: {name} must be an int, got {value!r}")
             if value < 0:
@@ -93,6 +123,12 @@ class Settings:
 
     def pieces(self) -> int:
         return self.chunks if self.chunks is not None else 1
+
+    def gather_spares(self) -> int:
+        """The SMs the all-gather ring's products beside a transfer leave to it."""
+        if self.gather_spare_sms is not None:
+            return self.gather_spare_sms
+        return GATHER_SPARE_SMS if self.gather_barrier else 0
 
 
 # A jit-cache-sensitive context where jax has one; on a jax without it a plain
@@ -116,11 +152,12 @@ def settings(
     *,
     chunks: int | None = None,
     spare_sms: int = SPARE_SMS,
-    gather_spare_sms: int = 0,
+    gather_spare_sms: int | None = None,
     k_ring: str = "sums",
+    gather_barrier: bool = True,
 ):
     """Sets the overlap for the functions lowered inside the block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring, gather_barrier)
     if _context is None:
         _fallback.append(new)
         try:
@@ -137,11 +174,12 @@ def set_default(
     *,
     chunks: int | None = None,
     spare_sms: int = SPARE_SMS,
-    gather_spare_sms: int = 0,
+    gather_spare_sms: int | None = None,
     k_ring: str = "sums",
+    gather_barrier: bool = True,
 ) -> None:
     """Sets the overlap outside any `settings` block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring)
+    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring, gather_barrier)
     if _context is None:
         _fallback[0] = new
     else:

@@ -791,8 +791,9 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
 
 def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path):
     """--compiler-option NAME=VALUE compiles ours and jnp's programs with that
-    XLA option (typed, written to the JSON); --gather-spare-sms and --k-ring
-    add a row per value of each; a malformed option is refused."""
+    XLA option (typed, written to the JSON); --gather-spare-sms,
+    --gather-barrier and --k-ring add a row per value of each; a malformed
+    option is refused."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
@@ -800,8 +801,8 @@ def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path
     option = "xla_gpu_enable_analytical_latency_estimator"
     layouts = ["all-gather (a by M, b by N)", "K-sharded, reduce-scatter"]
     result = subprocess.run(
-        [*common, "--layouts", *layouts, "--gather-spare-sms", "0", "16"]
-        + ["--k-ring", "sums", "operands"]
+        [*common, "--layouts", *layouts, "--gather-spare-sms", "auto", "16"]
+        + ["--gather-barrier", "on", "off", "--k-ring", "sums", "operands"]
         + ["--compiler-option", f"{option}=true", "--json", str(report)],
         capture_output=True,
         text=True,
@@ -814,8 +815,9 @@ def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path
     assert written["compiler_options"] == {option: True}
     spare = jax_tiled.overlap.SPARE_SMS
     variants = [
-        f"chunks=auto spare={spare} gather={gather} {ring}"
-        for gather in (0, 16)
+        f"chunks=auto spare={spare} gather={gather} barrier={barrier} {ring}"
+        for gather in ("auto", 16)
+        for barrier in ("on", "off")
         for ring in ("sums", "operands")
     ]
     assert [(row["layout"], row["variant"]) for row in written["rows"]] == [

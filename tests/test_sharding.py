@@ -480,6 +480,80 @@ def test_all_gather_ring_products_beside_a_transfer_leave_sms_to_it(rng):
     assert _ring_spares(rng, ring, in_specs, P(None, None, "x")) == [32, 32, 32, 0]
 
 
+RESHAPES = ("convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "transpose")
+
+
+def _barriers(ring, in_specs, out_spec):
+    """What each `lax.optimization_barrier` of `ring(call, product, beside, a,
+    b)` on 4 CPU devices holds: per barrier, per operand, the primitive that
+    made it ("ppermute", or "dot_general" for a product)."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    product = _rings_product(spare_sms=0)
+
+    def call(a, b, p, out_dtype):
+        return jnp.matmul(a, b).astype(out_dtype)
+
+    f = jax.shard_map(
+        lambda a, b: ring(call, product, product, a, b),
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_spec,
+        check_vma=False,
+    )
+    a = jax.ShapeDtypeStruct((1, 16, 32), np.float32)
+    b = jax.ShapeDtypeStruct((1, 32, 24), np.float32)
+    (outer,) = jax.make_jaxpr(f)(a, b).jaxpr.eqns
+    inner = outer.params["jaxpr"]
+    made_by, held = {}, []
+    origin = lambda v: "literal" if hasattr(v, "val") else made_by.get(v, "input")
+    for eqn in inner.eqns:
+        made = eqn.primitive.name
+        if made in RESHAPES:  # the product's cast or broadcast: look through it
+            made = origin(eqn.invars[0])
+        if eqn.primitive.name == "optimization_barrier":
+            held.append(sorted(map(origin, eqn.invars)))
+        for v in eqn.outvars:
+            made_by[v] = made
+    return held
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_all_gather_ring_makes_each_transfer_and_its_product_ready_together(barrier):
+    """With `gather_barrier` (the default), every step but the last passes the
+    block in transit and that step's product through one optimization barrier,
+    so that XLA's scheduler can end the transfer only with the product; without
+    it, none."""
+    ring = lambda call, product, beside, a, b: _rings.all_gather_ring(
+        call, product, a, b, axes=("x",), n=4, gathered="a", dims=ROWS, size=16,
+        beside_transfer=beside, barrier=barrier,
+    )  # fmt: skip
+    held = _barriers(ring, (P(None, "x"), P(None, None, "x")), P(None, None, "x"))
+    assert held == ([["dot_general", "ppermute"]] * 3 if barrier else [])
+
+
+def test_operand_ring_makes_each_step_s_operands_ready_with_the_product_before():
+    """The operand ring's step s + 1 operands (both received) pass through one
+    barrier with step s's product, so that they are not all received before
+    the first product."""
+    ring = lambda call, product, beside, a, b: _rings.operand_ring(
+        call, product, a, b, axes=("x",), n=4, factor="m", dims=ROWS, gather=False,
+        acc_dtype=np.float32, beside_transfer=beside,
+    )  # fmt: skip
+    held = _barriers(ring, K_SPLIT, P(None, "x"))
+    assert held == [["dot_general", "ppermute", "ppermute"]] * 3
+
+
+def test_gather_spared_sms_follow_the_barrier():
+    """`gather_spare_sms` None: GATHER_SPARE_SMS with the barrier, none without
+    (a product that spares SMs before the transfer's end only runs slower);
+    a number given is kept either way."""
+    settings = jax_tiled.overlap.Settings
+    assert settings().gather_spares() == jax_tiled.overlap.GATHER_SPARE_SMS > 0
+    assert settings(gather_barrier=False).gather_spares() == 0
+    assert settings(gather_spare_sms=16, gather_barrier=False).gather_spares() == 16
+    assert settings(gather_spare_sms=0).gather_spares() == 0
+
+
 def _rings_product(spare_sms):
     return dataclasses.replace(
         _lowering.Product("tiled_matmul_cpu", False, False, np.dtype(np.float32), 0, "auto"),
@@ -522,18 +596,45 @@ def test_cuda_operand_ring(rng, out_spec):
 @pytest.mark.gpu
 def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
     """On GPUs, the all-gather ring's product beside its transfer asks the
-    handler for `overlap.Settings.gather_spare_sms` fewer SMs (default none);
-    the last asks for none."""
+    handler for `overlap.Settings.gather_spares()` fewer SMs (by default
+    GATHER_SPARE_SMS with the barrier, none without); the last asks for none."""
     mesh = make_mesh("cuda", (2,), ("x",))
     a_np, a = put(rng, mesh, (64, 256), P("x"))
     b_np, b = put(rng, mesh, (256, 48), P(None, "x"))
-    for spare, expected in ((None, [0, 0]), (16, [0, 16])):
-        kwargs = {} if spare is None else dict(gather_spare_sms=spare)
+    cases = (
+        ({}, [0, jax_tiled.overlap.GATHER_SPARE_SMS]),
+        (dict(gather_barrier=False), [0, 0]),
+        (dict(gather_spare_sms=16), [0, 16]),
+    )
+    for kwargs, expected in cases:
         with jax_tiled.overlap.settings(**kwargs):
             f = jax.jit(tiled, out_shardings=NamedSharding(mesh, P(None, "x")))
             assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
             text = f.lower(a, b).compile().as_text()
         assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == expected, text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("barrier", [True, False])
+def test_cuda_all_gather_ring_runs_its_product_inside_the_transfer(rng, barrier):
+    """What the barrier is for, in the program XLA compiles for two GPUs: the
+    first product is scheduled between the transfer's start and its end. Without
+    the barrier XLA's default scheduler ended the transfer first (docs/sharding.md);
+    that order is XLA's to choose, so only the barrier's is asserted."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (2048, 1024), P("x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (1024, 2048), P(None, "x"), jnp.bfloat16)
+    with jax_tiled.overlap.settings(gather_barrier=barrier):
+        f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, P(None, "x")))
+        assert_matmul_close(f(a, b), a_np, b_np, platform="cuda")
+        text = f.lower(a, b).compile().as_text()
+    entry = text[text.index("\nENTRY") :]
+    order = re.findall(
+        r"= \S+ (collective-permute-start|collective-permute-done|custom-call)\(", entry
+    )
+    start, done = order.index("collective-permute-start"), order.index("collective-permute-done")
+    if barrier:
+        assert "custom-call" in order[start:done], order
 
 
 def test_k_ring_rounds_a_16_bit_result_once(rng):
@@ -579,6 +680,7 @@ def test_rings_are_deterministic(rng):
         (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
         (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
         (dict(k_ring="partials"), ValueError, r"k_ring must be one of 'sums', 'operands'"),
+        (dict(gather_barrier=1), TypeError, r"gather_barrier must be a bool, got 1"),
     ],
 )
 def test_overlap_settings_are_checked(kwargs, error, message):

@@ -2,7 +2,8 @@
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
-        [--k-ring sums operands] [--no-overlap] [--devices 2] [--pgle 3] [--schedule]
+        [--gather-barrier on off] [--k-ring sums operands] [--no-overlap] [--devices 2]
+        [--pgle 3] [--schedule]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
         [--json scaling.json]
 
@@ -18,8 +19,9 @@ of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
 per value of `jax_tiled.overlap.settings(chunks=...)` (the K-sharded rings'
 pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
-(the same for the all-gather ring) and of `--k-ring` (what the K rings
-send: `sums` or `operands`); `--no-overlap` adds a row with the overlap
+(the same for the all-gather ring; `auto` the library's choice), of
+`--gather-barrier` (`on` or `off`: the all-gather ring's optimization
+barrier) and of `--k-ring` (what the K rings send: `sums` or `operands`); `--no-overlap` adds a row with the overlap
 turned off. `--compiler-option NAME=VALUE` compiles every program,
 ours and jnp's, with that XLA option. Every product is checked against
 jnp.matmul's on the same sharding and against ours on one device before it
@@ -175,11 +177,18 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--gather-spare-sms",
-        type=int,
+        type=lambda text: None if text == "auto" else int(text),
         nargs="+",
-        default=[0],
+        default=[None],
         help="jax_tiled.overlap gather_spare_sms to time, each with each --chunks and "
-        "--spare-sms (default: 0)",
+        "--spare-sms (default: auto, the library's choice)",
+    )
+    parser.add_argument(
+        "--gather-barrier",
+        nargs="+",
+        default=["on"],
+        choices=("on", "off"),
+        help="jax_tiled.overlap gather_barrier to time, each with each other setting (default: on)",
     )
     parser.add_argument(
         "--k-ring",
@@ -249,12 +258,16 @@ def main(argv=None) -> int:
         print(f"# compiled with {options}")
     variants = [
         (f"chunks={c if c is not None else 'auto'} spare={spare}"
-         + (f" gather={gather}" if args.gather_spare_sms != [0] else "")
+         + (f" gather={gather if gather is not None else 'auto'}"
+            if args.gather_spare_sms != [None] else "")
+         + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
          + (f" {ring}" if args.k_ring != ["sums"] else ""),
-         dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring))
+         dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring,
+              gather_barrier=barrier == "on"))
         for c in args.chunks
         for spare in args.spare_sms
         for gather in args.gather_spare_sms
+        for barrier in args.gather_barrier
         for ring in args.k_ring
     ]  # fmt: skip
     if args.no_overlap:
