@@ -542,7 +542,8 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     """tools/ncu_products.py with a stand-in for ncu that logs its arguments and
     prints a table of two launches as ncu --csv does (after the program's own
     lines): a row a launch of each implementation, the JSON with every metric;
-    an ncu that prints no table is an error naming the product."""
+    a --section is asked besides the default ones; an ncu that prints no table
+    is an error naming the product."""
     root = Path(__file__).resolve().parent.parent
     header = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
     main_kernel = "void WgmmaMatmul<WgmmaConfig<256, 4, 2, 1>, WgmmaOperands<__half>>(Params)"
@@ -574,7 +575,7 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     def ncu_products(**env):
         return subprocess.run(
             [sys.executable, str(root / "tools" / "ncu_products.py"), "--shapes",
-             "512x8192x512", "--json", str(out)],
+             "512x8192x512", "--json", str(out), "--section", "WarpStateStats"],
             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
             capture_output=True, text=True,
         )  # fmt: skip
@@ -583,7 +584,9 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = asked.read_text().splitlines()
     assert len(lines) == 2 and all(
-        "--cache-control none --section SpeedOfLight" in x for x in lines
+        "--cache-control none --section SpeedOfLight" in x
+        and "--section Occupancy --section WarpStateStats --metrics" in x
+        for x in lines
     )
     assert lines[0].endswith("--probe auto 512x8192x512 bfloat16 default")
     assert lines[1].endswith("--probe jnp.matmul 512x8192x512 bfloat16 default")

@@ -2,6 +2,7 @@
 
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
+        [--section WarpStateStats --section SchedulerStats]
 
 On the GPU machine, with the package installed. Each product runs once to
 compile and warm up, then once under ncu (the ladder's probe, `python -m
@@ -12,8 +13,9 @@ a benchmark's repeated calls leave there). Printed per kernel launched: its
 time, blocks (cluster size), SM, L2 and DRAM throughput in % of peak, and
 the bytes read through L2 and from DRAM. ncu's SpeedOfLight, LaunchStats and
 Occupancy sections are read (Occupancy's "Max Active Clusters" says how many
-clusters of a kernel's size the GPU holds at once); the JSON keeps every
-metric of every launch. Each product takes about a minute under ncu (jnp's
+clusters of a kernel's size the GPU holds at once), and any `--section` named
+besides (WarpStateStats: where the warps stall); the JSON keeps every metric
+of every launch. Each product takes about a minute under ncu (jnp's
 autotuning runs outside the profiled range but inside the process).
 """
 
@@ -41,21 +43,23 @@ SECTOR_BYTES = 32
 PEER = "jnp.matmul"
 
 
-def ncu_flags() -> list[str]:
+def ncu_flags(extra_sections=()) -> list[str]:
     """What ncu is asked: CSV in base units, only inside the probe's profiled
     range, the clocks and caches left as they are, the sections and metrics."""
     flags = ["--csv", "--print-units", "base", "--profile-from-start", "off"]
     flags += ["--clock-control", "none", "--cache-control", "none"]
-    for section in SECTIONS:
+    for section in (*SECTIONS, *extra_sections):
         flags += ["--section", section]
     return flags + ["--metrics", ",".join(METRICS)]
 
 
-def ncu_command(ncu: str, kernel: str, shape: str, dtype: str, precision: str) -> list[str]:
+def ncu_command(
+    ncu: str, kernel: str, shape: str, dtype: str, precision: str, sections=()
+) -> list[str]:
     """One product under ncu, in a fresh process."""
     return [
         ncu,
-        *ncu_flags(),
+        *ncu_flags(sections),
         sys.executable,
         "-P",
         "-m",
@@ -145,6 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="default")
     p.add_argument("--kernel", default="auto", help="ours: a kernel name (default auto)")
     p.add_argument("--json", metavar="PATH", help="write every launch's metrics here")
+    p.add_argument(
+        "--section",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an ncu section read besides the default ones (repeatable)",
+    )
     args = p.parse_args(argv)
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "LC_ALL": "C"}
     for shape in args.shapes.split(","):
         for implementation, kernel in (("ours", args.kernel), ("jnp", PEER)):
-            command = ncu_command(ncu, kernel, shape, args.dtype, args.precision)
+            command = ncu_command(ncu, kernel, shape, args.dtype, args.precision, args.section)
             print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             try:
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             "jax_version": jax.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv[1:] if argv is None else argv,
-            "ncu_flags": ncu_flags(),
+            "ncu_flags": ncu_flags(args.section),
             "rows": rows,
         }
         with open(args.json, "w") as f:

@@ -21,8 +21,8 @@ pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
 (the same for the all-gather ring; `auto` the library's choice), of
 `--gather-barrier` (`on` or `off`: the all-gather ring's optimization
-barrier) and of `--k-ring` (what the K rings send: `sums` or `operands`); `--no-overlap` adds a row with the overlap
-turned off. `--compiler-option NAME=VALUE` compiles every program,
+barrier) and of `--k-ring` (what the K rings send: `sums` or `operands`);
+`--no-overlap` adds a row with the overlap turned off. `--compiler-option NAME=VALUE` compiles every program,
 ours and jnp's, with that XLA option. Every product is checked against
 jnp.matmul's on the same sharding and against ours on one device before it
 is timed. `--json` writes the rows, the device, the arguments and the
