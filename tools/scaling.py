@@ -22,11 +22,11 @@ SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
 (the same for the all-gather ring; `auto` the library's choice), of
 `--gather-barrier` (`on` or `off`: the all-gather ring's optimization
 barrier) and of `--k-ring` (what the K rings send: `sums` or `operands`);
-`--no-overlap` adds a row with the overlap turned off. `--compiler-option NAME=VALUE` compiles every program,
-ours and jnp's, with that XLA option. Every product is checked against
-jnp.matmul's on the same sharding and against ours on one device before it
-is timed. `--json` writes the rows, the device, the arguments and the
-compiler options.
+`--no-overlap` adds a row with the overlap turned off. `--compiler-option
+NAME=VALUE` compiles every program, ours and jnp's, with that XLA option.
+Every product is checked against jnp.matmul's on the same sharding and
+against ours on one device before it is timed. `--json` writes the rows,
+the device, the arguments and the compiler options.
 
 `--pgle RUNS` times every program, ours and jnp's, as profile-guided
 latency estimation compiles it: RUNS calls of the program traced with
