@@ -562,7 +562,11 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     for launch, kernel, metric, unit, value in metrics:
         writer.writerow([launch, kernel, "section", metric, unit, value])
     canned = tmp_path / "canned.csv"
-    canned.write_text("the program's own output\n==PROF== Connected\n" + table.getvalue())
+    # A section's own table after the metrics: rows of one cell, no kernel's name.
+    other_table = '"a section table"\n'
+    canned.write_text(
+        "the program's own output\n==PROF== Connected\n" + table.getvalue() + other_table
+    )
     bin_dir, asked = tmp_path / "bin", tmp_path / "asked.log"
     bin_dir.mkdir()
     (bin_dir / "ncu").write_text(
@@ -575,7 +579,8 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     def ncu_products(**env):
         return subprocess.run(
             [sys.executable, str(root / "tools" / "ncu_products.py"), "--shapes",
-             "512x8192x512", "--json", str(out), "--section", "WarpStateStats"],
+             "512x8192x512", "--json", str(out), "--section", "WarpStateStats",
+             "--metric", "lts__t_sectors_srcunit_tex_op_read.sum"],
             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
             capture_output=True, text=True,
         )  # fmt: skip
@@ -586,6 +591,7 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     assert len(lines) == 2 and all(
         "--cache-control none --section SpeedOfLight" in x
         and "--section Occupancy --section WarpStateStats --metrics" in x
+        and x.split("--metrics ")[1].split()[0].endswith(",lts__t_sectors_srcunit_tex_op_read.sum")
         for x in lines
     )
     assert lines[0].endswith("--probe auto 512x8192x512 bfloat16 default")

@@ -3,6 +3,7 @@
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
         [--section WarpStateStats --section SchedulerStats]
+        [--metric lts__t_sectors_srcunit_tex_op_read.sum]
 
 On the GPU machine, with the package installed. Each product runs once to
 compile and warm up, then once under ncu (the ladder's probe, `python -m
@@ -14,8 +15,9 @@ time, blocks (cluster size), SM, L2 and DRAM throughput in % of peak, and
 the bytes read through L2 and from DRAM. ncu's SpeedOfLight, LaunchStats and
 Occupancy sections are read (Occupancy's "Max Active Clusters" says how many
 clusters of a kernel's size the GPU holds at once), and any `--section` named
-besides (WarpStateStats: where the warps stall); the JSON keeps every metric
-of every launch. Each product takes about a minute under ncu (jnp's
+besides (WarpStateStats: where the warps stall) and any `--metric`; the JSON
+keeps every metric of every launch (the tables some sections print are not
+read). Each product takes about a minute under ncu (jnp's
 autotuning runs outside the profiled range but inside the process).
 """
 
@@ -43,23 +45,23 @@ SECTOR_BYTES = 32
 PEER = "jnp.matmul"
 
 
-def ncu_flags(extra_sections=()) -> list[str]:
+def ncu_flags(extra_sections=(), extra_metrics=()) -> list[str]:
     """What ncu is asked: CSV in base units, only inside the probe's profiled
     range, the clocks and caches left as they are, the sections and metrics."""
     flags = ["--csv", "--print-units", "base", "--profile-from-start", "off"]
     flags += ["--clock-control", "none", "--cache-control", "none"]
     for section in (*SECTIONS, *extra_sections):
         flags += ["--section", section]
-    return flags + ["--metrics", ",".join(METRICS)]
+    return flags + ["--metrics", ",".join((*METRICS, *extra_metrics))]
 
 
 def ncu_command(
-    ncu: str, kernel: str, shape: str, dtype: str, precision: str, sections=()
+    ncu: str, kernel: str, shape: str, dtype: str, precision: str, sections=(), metrics=()
 ) -> list[str]:
     """One product under ncu, in a fresh process."""
     return [
         ncu,
-        *ncu_flags(sections),
+        *ncu_flags(sections, metrics),
         sys.executable,
         "-P",
         "-m",
@@ -86,6 +88,8 @@ def parse_launches(text: str) -> list[dict]:
     table: ladder.ncu_records)."""
     launches: dict[str, dict] = {}
     for record in ncu_records(text):
+        if record.get("Kernel Name") is None:
+            continue  # a row of another table (a section's tables print their own)
         launch = launches.setdefault(record["ID"], {"kernel": record["Kernel Name"]})
         if record.get("Metric Name"):
             launch[record["Metric Name"]] = number(record["Metric Value"])
@@ -156,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="an ncu section read besides the default ones (repeatable)",
     )
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an ncu metric read besides the default ones (repeatable)",
+    )
     args = p.parse_args(argv)
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -165,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "LC_ALL": "C"}
     for shape in args.shapes.split(","):
         for implementation, kernel in (("ours", args.kernel), ("jnp", PEER)):
-            command = ncu_command(ncu, kernel, shape, args.dtype, args.precision, args.section)
+            command = ncu_command(
+                ncu, kernel, shape, args.dtype, args.precision, args.section, args.metric
+            )
             print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             try:
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "jax_version": jax.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv[1:] if argv is None else argv,
-            "ncu_flags": ncu_flags(args.section),
+            "ncu_flags": ncu_flags(args.section, args.metric),
             "rows": rows,
         }
         with open(args.json, "w") as f:
