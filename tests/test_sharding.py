@@ -414,12 +414,17 @@ def test_operand_ring_rounds_a_16_bit_result_once(rng):
             assert_matmul_close(out, a_np, b_np)
 
 
+def _ring_on_four(body, in_specs, out_spec):
+    """body(a, b), a ring on its per-device blocks, over 4 CPU devices."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)
+
+
 def _ring_spares(rng, ring, in_specs, out_spec):
     """Runs `ring(call, product, beside, a, b)` on 4 CPU devices for a
     (1, 16, 32) by b (1, 32, 24), `call` recording the spared SMs of the
     product it is given (`product` spares none, `beside` 32); checks the
     result and returns what it recorded, in order."""
-    mesh = make_mesh("cpu", (4,), ("x",))
     product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
     seen = []
 
@@ -429,13 +434,7 @@ def _ring_spares(rng, ring, in_specs, out_spec):
 
     a_np = random_array(rng, (1, 16, 32), np.float32)
     b_np = random_array(rng, (1, 32, 24), np.float32)
-    f = jax.shard_map(
-        lambda a, b: ring(call, product, beside, a, b),
-        mesh=mesh,
-        in_specs=in_specs,
-        out_specs=out_spec,
-        check_vma=False,
-    )
+    f = _ring_on_four(lambda a, b: ring(call, product, beside, a, b), in_specs, out_spec)
     out = jax.jit(f)(a_np, b_np)
     assert_matmul_close(out[0], a_np[0], b_np[0], precision="highest")
     return seen
@@ -487,19 +486,12 @@ def _barriers(ring, in_specs, out_spec):
     """What each `lax.optimization_barrier` of `ring(call, product, beside, a,
     b)` on 4 CPU devices holds: per barrier, per operand, the primitive that
     made it ("ppermute", or "dot_general" for a product)."""
-    mesh = make_mesh("cpu", (4,), ("x",))
     product = _rings_product(spare_sms=0)
 
     def call(a, b, p, out_dtype):
         return jnp.matmul(a, b).astype(out_dtype)
 
-    f = jax.shard_map(
-        lambda a, b: ring(call, product, product, a, b),
-        mesh=mesh,
-        in_specs=in_specs,
-        out_specs=out_spec,
-        check_vma=False,
-    )
+    f = _ring_on_four(lambda a, b: ring(call, product, product, a, b), in_specs, out_spec)
     a = jax.ShapeDtypeStruct((1, 16, 32), np.float32)
     b = jax.ShapeDtypeStruct((1, 32, 24), np.float32)
     (outer,) = jax.make_jaxpr(f)(a, b).jaxpr.eqns
