@@ -23,7 +23,8 @@
 # nothing else shares the GPU), or on a machine of two GPUs TEST_SHARD=both:
 # the two shards at once, one a GPU (CUDA_VISIBLE_DEVICES), logged apart;
 # they share the host, and on two H100s (2026-11-26) the shards ran 540 s
-# and more: give them TEST_TIMEOUT=540. TEST_SHARD=each: as many shards as
+# and more, then about 400 s once the slowest tests started first (the same
+# day, at 27f661f): give them TEST_TIMEOUT=500. TEST_SHARD=each: as many shards as
 # the machine has GPUs, one a GPU (on four, about half the time of two).
 # BASELINE=docs/perf compares with the newest
 # baseline of this run's GPU there (tools/compare_baseline.py); given no bench

@@ -15,7 +15,9 @@
 # of tests/test_sharding.py on every GPU (those of two GPUs, which a shard of
 # one GPU skips; SEVERAL_GPUS_TIMEOUT, default 120 s). On two H100s
 # (2026-11-26) the two shards took 540 s and more, which left the
-# sanitizers (about 100 s) to a call of their own. On four H100s the same
+# sanitizers (about 100 s) to a call of their own; with the slowest tests
+# first (27f661f, the same day) about 400 s, so the whole check may just fit
+# one call there (not yet run so). On four H100s the same
 # day three quarters took about 245 s and the fourth was cut at 420 s by one
 # nvcc test that had started late, which now starts first (gpu_slow_tests.tsv);
 # the sanitizers and --accuracy took about 100 s after, so with TEST_TIMEOUT=300
