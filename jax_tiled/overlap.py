@@ -45,8 +45,8 @@ SPARE_SMS = 32
 
 # The same for the all-gather ring's products, with the barrier that places
 # them inside the transfer: on two H100s (docs/sharding.md, "The all-gather
-# ring's order") 32 ran the bfloat16 8192^3 pattern 4-6% faster than the ring
-# before, 16 2-4%, none 4-7% slower. Without the barrier XLA's scheduler ends
+# ring's order") 32 ran the bfloat16 8192^3 pattern 4-7% faster than the ring
+# before in four processes, 16 1-5%, none 5-7% slower. Without the barrier XLA's scheduler ends
 # the transfer before the product, and any SM spared is only lost (0).
 GATHER_SPARE_SMS = 32
 
@@ -78,7 +78,7 @@ class Settings:
     `xla_gpu_enable_analytical_latency_estimator`) places the product inside
     the transfer by itself, and ran faster so, with 16 SMs spared
     (docs/sharding.md).
-    CPU products ignore both.
+    CPU products ignore the spared SMs.
     k_ring: what the K rings send between devices: "sums" (the default), each
     block's float32 partial sums around the ring; "operands", each device's
     slice of K of the operands, in their own type, to every other device
