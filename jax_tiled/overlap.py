@@ -147,17 +147,10 @@ def current() -> Settings:
 
 
 @contextlib.contextmanager
-def settings(
-    enabled: bool = True,
-    *,
-    chunks: int | None = None,
-    spare_sms: int = SPARE_SMS,
-    gather_spare_sms: int | None = None,
-    k_ring: str = "sums",
-    gather_barrier: bool = True,
-):
-    """Sets the overlap for the functions lowered inside the block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring, gather_barrier)
+def settings(enabled: bool = True, **options):
+    """Sets the overlap for the functions lowered inside the block; `options`
+    are `Settings`' other fields, by name (its defaults where not given)."""
+    new = Settings(enabled, **options)
     if _context is None:
         _fallback.append(new)
         try:
@@ -169,17 +162,10 @@ def settings(
         yield new
 
 
-def set_default(
-    enabled: bool = True,
-    *,
-    chunks: int | None = None,
-    spare_sms: int = SPARE_SMS,
-    gather_spare_sms: int | None = None,
-    k_ring: str = "sums",
-    gather_barrier: bool = True,
-) -> None:
-    """Sets the overlap outside any `settings` block."""
-    new = Settings(enabled, chunks, spare_sms, gather_spare_sms, k_ring, gather_barrier)
+def set_default(enabled: bool = True, **options) -> None:
+    """Sets the overlap outside any `settings` block (`options` as for
+    `settings`)."""
+    new = Settings(enabled, **options)
     if _context is None:
         _fallback[0] = new
     else:
