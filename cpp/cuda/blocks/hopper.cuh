@@ -254,6 +254,18 @@ __device__ __forceinline__ void StoreShared4(uint32_t address, uint4 v) {
                : "memory");
 }
 
+// stmatrix: the warp writes four 8 x 8 matrices of 16-bit elements, lane
+// 8 q + i naming at `row` the 16 bytes of row i of matrix q, and holding in
+// register q its pair (row lane / 4, columns 2 (lane % 4) + {0, 1}) of matrix
+// q: the layout of an mma or wgmma accumulator's 8 x 8 pieces, so one
+// instruction stores what st.shared.b32 stores in four.
+__device__ __forceinline__ void StoreMatrices(uint32_t row, uint32_t m0, uint32_t m1, uint32_t m2,
+                                              uint32_t m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row),
+               "r"(m0), "r"(m1), "r"(m2), "r"(m3)
+               : "memory");
+}
+
 // Four floats at the shared-memory address of `local` in the cluster's block
 // of rank `cta` (distributed shared memory); `local` is 16-byte aligned.
 __device__ __forceinline__ float4 LoadSharedInCluster(const float* local, int cta) {

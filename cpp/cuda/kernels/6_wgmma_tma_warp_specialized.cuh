@@ -700,6 +700,7 @@ struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
   // two of C's rows.
   __device__ __forceinline__ static void Stage(const WgmmaConsumer<Cfg, Ops>& consumer, int step,
                                                uint32_t buffer) {
+    if constexpr (!kTransposed && sizeof(Out) == 2) return StageMatrices(consumer, step, buffer);
     const uint32_t row = 16 * consumer.warp + consumer.lane / 4, column = 2 * (consumer.lane % 4);
 #pragma unroll
     for (uint32_t half = 0; half < 2; ++half) {
@@ -724,6 +725,25 @@ struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
           else hopper::StoreShared(at, PackPair<Out>(x, y));
         }
       }
+    }
+  }
+
+  // 16-bit C as computed, by stmatrix: the warp's 16 rows by 16 columns j of
+  // the step are four 8 x 8 matrices, q = the 8 rows (q % 2) by the 8 columns
+  // (q / 2), whose pairs the thread holds in that order in the accumulators of
+  // columns 16 j + [0, 16); lane 8 q + i names row i of matrix q (a 16-byte
+  // run of a row, whole within a swizzle chunk). One instruction where Stage
+  // issues four stores, and no per-pair addresses.
+  __device__ __forceinline__ static void StageMatrices(const WgmmaConsumer<Cfg, Ops>& consumer,
+                                                       int step, uint32_t buffer) {
+    const uint32_t q = consumer.lane / 8;
+    const uint32_t row = 16 * consumer.warp + consumer.lane % 8 + 8 * (q % 2);
+#pragma unroll
+    for (uint32_t j = 0; j < kStepColumns / 16; ++j) {
+      const float* acc = &consumer.acc[4 * (step * kStepColumns / 8 + 2 * j)];
+      hopper::StoreMatrices(buffer + Buffer::ElementOffset(row, 16 * j + 8 * (q / 2)),
+                            PackPair<Out>(acc[0], acc[1]), PackPair<Out>(acc[2], acc[3]),
+                            PackPair<Out>(acc[4], acc[5]), PackPair<Out>(acc[6], acc[7]));
     }
   }
 };
