@@ -197,10 +197,11 @@ def all_gather_ring(
     """`call` on the full `gathered` operand ("a": along M, "b": along N), of
     which each device of `axes` holds one block, against the other operand's
     local block: the ring passes the blocks to device i - 1 and each step's
-    product writes the result rows (or columns) of the block it holds, while the
-    next block is in transit. `size` is the gathered dimension's full length
-    (the blocks may be padded past it). Every product but the last runs beside
-    a transfer and is described by `beside_transfer`.
+    product computes the result rows (or columns) of the block it holds, while
+    the next block is in transit; the blocks are put in order at the end.
+    `size` is the gathered dimension's full length (the blocks may be padded
+    past it). Every product but the last runs beside a transfer and is
+    described by `beside_transfer`.
 
     With `barrier`, the block in transit and the product beside it pass
     through one `lax.optimization_barrier`, so that the transfer's end and the
@@ -215,7 +216,7 @@ def all_gather_ring(
     block = moving.shape[am if gathered == "a" else bn]
     backward = [(j, (j - 1) % n) for j in range(n)]
     index = lax.axis_index(axes)
-    out = None
+    results = []
     for s in range(n):
         # The transfer of the next block depends only on this one: issued first,
         # it runs while this step's product does.
@@ -228,10 +229,13 @@ def all_gather_ring(
         )
         if barrier and following is not None:
             following, result = lax.optimization_barrier((following, result))
-        if out is None:
-            shape = list(result.shape)
-            shape[out_dim] = n * block
-            out = jnp.zeros(shape, result.dtype)
-        out = lax.dynamic_update_slice_in_dim(out, result, ((index + s) % n) * block, out_dim)
+        results.append(result)
         moving = following
-    return lax.slice_in_dim(out, 0, size, axis=out_dim)
+    # Step s computed block (index + s) mod n, so block j is step (j - index)
+    # mod n's: one gather writes the result once, where a zero-filled buffer
+    # updated a block a step took two passes over it and a copy.
+    order = (jnp.arange(n) - index) % n
+    blocks = jnp.moveaxis(jnp.take(jnp.stack(results), order, axis=0), 0, out_dim)
+    shape = list(results[0].shape)
+    shape[out_dim] = n * block
+    return lax.slice_in_dim(blocks.reshape(shape), 0, size, axis=out_dim)

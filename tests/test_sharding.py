@@ -482,10 +482,9 @@ def test_all_gather_ring_products_beside_a_transfer_leave_sms_to_it(rng):
 RESHAPES = ("convert_element_type", "broadcast_in_dim", "reshape", "squeeze", "transpose")
 
 
-def _barriers(ring, in_specs, out_spec):
-    """What each `lax.optimization_barrier` of `ring(call, product, beside, a,
-    b)` on 4 CPU devices holds: per barrier, per operand, the primitive that
-    made it ("ppermute", or "dot_general" for a product)."""
+def _ring_jaxpr(ring, in_specs, out_spec):
+    """The per-device jaxpr of `ring(call, product, beside, a, b)` on 4 CPU
+    devices for a (1, 16, 32) by b (1, 32, 24), the products as jnp.matmul."""
     product = _rings_product(spare_sms=0)
 
     def call(a, b, p, out_dtype):
@@ -495,7 +494,14 @@ def _barriers(ring, in_specs, out_spec):
     a = jax.ShapeDtypeStruct((1, 16, 32), np.float32)
     b = jax.ShapeDtypeStruct((1, 32, 24), np.float32)
     (outer,) = jax.make_jaxpr(f)(a, b).jaxpr.eqns
-    inner = outer.params["jaxpr"]
+    return outer.params["jaxpr"]
+
+
+def _barriers(ring, in_specs, out_spec):
+    """What each `lax.optimization_barrier` of `ring(call, product, beside, a,
+    b)` on 4 CPU devices holds: per barrier, per operand, the primitive that
+    made it ("ppermute", or "dot_general" for a product)."""
+    inner = _ring_jaxpr(ring, in_specs, out_spec)
     made_by, held = {}, []
     origin = lambda v: "literal" if hasattr(v, "val") else made_by.get(v, "input")
     for eqn in inner.eqns:
@@ -507,6 +513,18 @@ def _barriers(ring, in_specs, out_spec):
         for v in eqn.outvars:
             made_by[v] = made
     return held
+
+
+def _primitives(ring, in_specs, out_spec):
+    """The primitives, in order, of `ring(call, product, beside, a, b)` on 4
+    CPU devices (the products as jnp.matmul), those of nested jits in their place."""
+
+    def names(jaxpr):
+        for eqn in jaxpr.eqns:
+            inner = eqn.params.get("jaxpr")
+            yield from names(inner.jaxpr) if inner is not None else [eqn.primitive.name]
+
+    return list(names(_ring_jaxpr(ring, in_specs, out_spec)))
 
 
 @pytest.mark.parametrize("barrier", [True, False])
@@ -521,6 +539,18 @@ def test_all_gather_ring_makes_each_transfer_and_its_product_ready_together(barr
     )  # fmt: skip
     held = _barriers(ring, (P(None, "x"), P(None, None, "x")), P(None, None, "x"))
     assert held == ([["dot_general", "ppermute"]] * 3 if barrier else [])
+
+
+def test_all_gather_ring_writes_its_result_once():
+    """The ring's blocks are put in order by one gather at the end, not written
+    a block a step into a zero-filled buffer (two passes over the result and a
+    copy, on two H100s 5% of the bfloat16 8192^3 pattern's time)."""
+    ring = lambda call, product, beside, a, b: _rings.all_gather_ring(
+        call, product, a, b, axes=("x",), n=4, gathered="a", dims=ROWS, size=16,
+        beside_transfer=beside,
+    )  # fmt: skip
+    ops = _primitives(ring, (P(None, "x"), P(None, None, "x")), P(None, None, "x"))
+    assert ops.count("gather") == 1 and "dynamic_update_slice" not in ops, ops
 
 
 def test_operand_ring_makes_each_step_s_operands_ready_with_the_product_before():
