@@ -16,7 +16,7 @@ import pytest
 
 from helpers import CUDA_TABLE, gpu_available
 from jax_tiled import _ffi
-from jax_tiled.bench import cli, ladder, report
+from jax_tiled.bench import cli, ladder, pallas, report
 from jax_tiled.bench.harness import PEER
 from jax_tiled.bench.timing import CPU_BUDGET
 
@@ -181,6 +181,27 @@ def test_ncu_profiles_one_product_in_the_hidden_entry_point():
         "bfloat16",
         "default",
     ]
+
+
+def test_the_probe_takes_a_pallas_config_by_name(capsys):
+    """`--probe pallas:NAME` (tools/ncu_products.py --pallas) runs a config of the
+    benchmark's Pallas sweep; a name of none, or a config that cannot compute the
+    product, is refused before anything is computed, the reason named."""
+    config = pallas.CONFIGS[0]
+    shape = cli.parse_shape("4096^3")
+    assert pallas.probed_config(f"pallas:{config.name}", shape, "bfloat16", "default") is config
+    with pytest.raises(SystemExit):
+        ladder.probe_main(["--probe", "pallas:128x128", "4096^3", "bfloat16", "default"])
+    assert "no Pallas config '128x128'; the sweep's: " + config.name in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ladder.probe_main(["--probe", f"pallas:{config.name}", "4096x4096x4224", "bfloat16",
+                           "default"])  # fmt: skip
+    assert f"cannot compute 4096x4096x4224: N=4224 is no multiple of {config.cluster_tile[1]}" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        ladder.probe_main(["--probe", f"pallas:{config.name}", "4096^3", "float32", "default"])
+    assert "takes bfloat16 and float16, not float32" in capsys.readouterr().err
 
 
 def test_without_ncu_the_measured_columns_say_so(monkeypatch):

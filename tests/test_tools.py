@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from helpers import load_repository_module
+from jax_tiled.bench import pallas
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "compare_baseline.py"
 
@@ -576,11 +577,11 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     (bin_dir / "ncu").chmod(0o755)
     out = tmp_path / "ncu.json"
 
-    def ncu_products(**env):
+    def ncu_products(EXTRA="", **env):
         return subprocess.run(
             [sys.executable, str(root / "tools" / "ncu_products.py"), "--shapes",
              "512x8192x512", "--json", str(out), "--section", "WarpStateStats",
-             "--metric", "lts__t_sectors_srcunit_tex_op_read.sum"],
+             "--metric", "lts__t_sectors_srcunit_tex_op_read.sum", *EXTRA.split()],
             env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
             capture_output=True, text=True,
         )  # fmt: skip
@@ -610,6 +611,22 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     assert "--cache-control" in record["ncu_flags"]
     failed = ncu_products(NO_TABLE="1")
     assert failed.returncode == 1 and "512x8192x512 auto: no ncu table" in failed.stdout
+    # The Pallas kernel at a config of the sweep, by name, after ours and jnp's.
+    asked.unlink()
+    config = pallas.CONFIGS[-1].name
+    done = ncu_products(EXTRA=f"--pallas {config}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = asked.read_text().splitlines()
+    assert len(lines) == 3
+    assert lines[2].endswith(f"--probe pallas:{config} 512x8192x512 bfloat16 default")
+    assert [r["implementation"] for r in json.loads(out.read_text())["rows"]] == [
+        "ours", "jnp", "pallas"
+    ]  # fmt: skip
+    # A name that is no config is refused before anything runs under ncu.
+    asked.unlink()
+    refused = ncu_products(EXTRA="--pallas 128x128x64")
+    assert refused.returncode == 2 and "the sweep's configs are" in refused.stderr
+    assert config in refused.stderr and not asked.exists()
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

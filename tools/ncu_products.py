@@ -2,15 +2,17 @@
 
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
+        [--pallas 128x128x64.s4.wgN.gN8.cM]
         [--section WarpStateStats --section SchedulerStats]
         [--metric lts__t_sectors_srcunit_tex_op_read.sum]
 
 On the GPU machine, with the package installed. Each product runs once to
 compile and warm up, then once under ncu (the ladder's probe, `python -m
 jax_tiled.bench.ladder --probe`, between cuProfilerStart and cuProfilerStop),
-for `--kernel` and for jnp.matmul after XLA's autotuning, with the clocks left
-as they are and the caches not flushed (`--cache-control none`: L2 holds what
-a benchmark's repeated calls leave there). Printed per kernel launched: its
+for `--kernel`, for jnp.matmul after XLA's autotuning and for each `--pallas`
+config of the benchmark's Pallas sweep (`jax_tiled.bench.pallas`), with the
+clocks left as they are and the caches not flushed (`--cache-control none`:
+L2 holds what a benchmark's repeated calls leave there). Printed per kernel launched: its
 time, blocks (cluster size), SM, L2 and DRAM throughput in % of peak, and
 the bytes read through L2 and from DRAM. ncu's SpeedOfLight, LaunchStats and
 Occupancy sections are read (Occupancy's "Max Active Clusters" says how many
@@ -32,6 +34,7 @@ import shutil
 import subprocess
 import sys
 
+from jax_tiled.bench import pallas
 from jax_tiled.bench.ladder import ncu_records
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")
@@ -43,6 +46,7 @@ METRICS = (
 )
 SECTOR_BYTES = 32
 PEER = "jnp.matmul"
+PALLAS_CONFIGS = [config.name for config in pallas.CONFIGS]
 
 
 def ncu_flags(extra_sections=(), extra_metrics=()) -> list[str]:
@@ -129,7 +133,7 @@ def table(rows: list[dict]) -> str:
     """A markdown table, a row a launch."""
     fields = ("us", "blocks", "cluster", "sm_pct", "l2_pct", "dram_pct", "l2_read_mb")
     fields += ("dram_read_mb",)
-    head = "| product | ours/jnp | kernel | µs | blocks | cluster | SM % | L2 % | DRAM % "
+    head = "| product | implementation | kernel | µs | blocks | cluster | SM % | L2 % | DRAM % "
     head += "| L2 read MB | DRAM read MB |"
     lines = [head, "|" + "---|" * 11]
 
@@ -152,6 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--precision", default="default")
     p.add_argument("--kernel", default="auto", help="ours: a kernel name (default auto)")
+    p.add_argument(
+        "--pallas",
+        action="append",
+        default=[],
+        metavar="CONFIG",
+        help="also the Pallas Mosaic-GPU kernel at this config of the benchmark's "
+        "sweep (jax_tiled.bench.pallas.CONFIGS by name, e.g. 128x128x64.s4.wgN.gN8.cM; "
+        "repeatable)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every launch's metrics here")
     p.add_argument(
         "--section",
@@ -168,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         help="an ncu metric read besides the default ones (repeatable)",
     )
     args = p.parse_args(argv)
+    unknown = [name for name in args.pallas if name not in PALLAS_CONFIGS]
+    if unknown:
+        configs = ", ".join(PALLAS_CONFIGS)
+        p.error(f"--pallas {', '.join(unknown)}: the sweep's configs are {configs}")
     ncu = shutil.which("ncu")
     if ncu is None:
         p.error("ncu (Nsight Compute) is not on PATH")
@@ -175,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     # The C locale: ncu prints numbers without thousands separators there.
     env = {**os.environ, "LC_ALL": "C"}
     for shape in args.shapes.split(","):
-        for implementation, kernel in (("ours", args.kernel), ("jnp", PEER)):
+        implementations = [("ours", args.kernel), ("jnp", PEER)]
+        implementations += [("pallas", pallas.PROBE_PREFIX + name) for name in args.pallas]
+        for implementation, kernel in implementations:
             command = ncu_command(
                 ncu, kernel, shape, args.dtype, args.precision, args.section, args.metric
             )

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_tiled.bench import pallas
 from jax_tiled.bench.harness import (
     PEER,
     VersusPeer,
@@ -398,7 +399,12 @@ def probe_main(argv=None) -> int:
     """The hidden entry point ncu runs (ncu_command): one product of a rung,
     once to compile and warm up, then once under the profiler."""
     p = argparse.ArgumentParser(prog="python -m jax_tiled.bench.ladder")
-    p.add_argument("--probe", required=True, metavar="KERNEL", help="a kernel name or jnp.matmul")
+    p.add_argument(
+        "--probe",
+        required=True,
+        metavar="KERNEL",
+        help="a kernel name, jnp.matmul, or pallas:CONFIG (a config of the Pallas sweep)",
+    )
     p.add_argument("shape")
     p.add_argument("dtype")
     p.add_argument("precision")
@@ -406,13 +412,20 @@ def probe_main(argv=None) -> int:
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     shape = parse_shape(args.shape)
+    if args.probe.startswith(pallas.PROBE_PREFIX):
+        try:
+            config = pallas.probed_config(args.probe, shape, args.dtype, args.precision)
+        except ValueError as exc:
+            p.error(str(exc))
+        fn = pallas.matmul_fn(config)
+    else:
+        fn = jax.jit(product_fn(shape, args.precision, args.probe))
     rng = np.random.default_rng(0)
     # On the host and copied: no kernel of the inputs' own runs on the device.
     a, b = (
         jnp.asarray(rng.standard_normal(s).astype(jnp.dtype(args.dtype)))
         for s in shape.stored_shapes
     )
-    fn = jax.jit(product_fn(shape, args.precision, args.probe))
     jax.block_until_ready(fn(a, b))  # compiles (XLA may autotune jnp.matmul here)
     with profiled():
         jax.block_until_ready(fn(a, b))

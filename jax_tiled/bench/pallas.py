@@ -156,6 +156,25 @@ def not_applicable(
     return None
 
 
+PROBE_PREFIX = "pallas:"
+
+
+def probed_config(probe: str, shape: Shape, dtype: str, precision: str) -> Config:
+    """The config that `--probe pallas:NAME` names, for one product (ncu's probe:
+    tools/ncu_products.py --pallas NAME); ValueError naming the configs where
+    NAME is none of them, or why the config cannot compute the product."""
+    name = probe.removeprefix(PROBE_PREFIX)
+    config = next((c for c in CONFIGS if c.name == name), None)
+    if config is None:
+        raise ValueError(
+            f"no Pallas config {name!r}; the sweep's: {', '.join(c.name for c in CONFIGS)}"
+        )
+    why = not_applicable(shape, dtype, precision) or config.misfit(shape.m, shape.k, shape.n)
+    if why:
+        raise ValueError(f"Pallas config {name} cannot compute {shape.name}: {why}")
+    return config
+
+
 def tuning_config(module, config: Config):
     """The module's TuningConfig for `config`."""
     dims = module.MatmulDimension
