@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_tiled import _canonical
@@ -43,7 +44,20 @@ def _rows(take, x, start, size):
 
 
 def reduce_scatter_ring(
-    call, product, a, b, *, axes, n, factor, dims, pieces, gather, acc_dtype, beside_transfer
+    call,
+    product,
+    a,
+    b,
+    *,
+    axes,
+    n,
+    factor,
+    dims,
+    pieces,
+    gather,
+    acc_dtype,
+    beside_transfer,
+    send_dtype=None,
 ):
     """sum over the devices of `axes` of `call(a, b)`, chunked along the result's
     `factor` dimension: device i ends with block i of that sum (a reduce-scatter),
@@ -63,7 +77,13 @@ def reduce_scatter_ring(
     behind the next step's product. Every product but the first runs beside a
     transfer (the previous step's, or the previous piece's gather) and is
     described by `beside_transfer` (`product` with SMs left to the transfer).
+
+    The running sums travel in `send_dtype` (None: acc_dtype): where it is
+    narrower, each device rounds its sum to it before sending (its first
+    product is computed straight into it) and adds what it receives in
+    acc_dtype (overlap.Settings.k_sums).
     """
+    rounds_sums = send_dtype is not None and np.dtype(send_dtype) != np.dtype(acc_dtype)
     size, block = _blocks(a, b, dims, factor, n)
     q = -(-block // pieces)
     a, b, take_a, take_b = _padded_slicers(a, b, dims, factor, (n - 1) * block + pieces * q)
@@ -76,13 +96,17 @@ def reduce_scatter_ring(
         for s in range(n):
             start = ((index - 1 - s) % n) * block + p * q
             first = p == 0 and s == 0
+            sent = rounds_sums and s < n - 1
             partial = call(
                 _rows(take_a, a, start, q),
                 _rows(take_b, b, start, q),
                 product if first else beside_transfer,
-                acc_dtype,
+                send_dtype if sent and s == 0 else acc_dtype,
             )
-            total = partial if total is None else lax.ppermute(total, axes, forward) + partial
+            if total is not None:
+                received = lax.ppermute(total, axes, forward)
+                partial = (received.astype(acc_dtype) if rounds_sums else received) + partial
+            total = partial.astype(send_dtype) if sent else partial
         piece = total.astype(product.out_dtype)
         if gather:
             # Each piece's gather starts as soon as its ring ends, so that it runs

@@ -334,7 +334,10 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             )
             if settings.k_ring == "operands":
                 return _rings.operand_ring(call, product, a, b, **ring)
-            return _rings.reduce_scatter_ring(call, product, a, b, pieces=pieces, **ring)
+            sums = product.out_dtype if settings.k_sums == "output" else acc
+            return _rings.reduce_scatter_ring(
+                call, product, a, b, pieces=pieces, send_dtype=sums, **ring
+            )
         partial = call(a, b, product, acc)
         if scatter is None:
             total = lax.psum(partial, k_axes)

@@ -11,6 +11,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_ring="operands"):  # K rings send operands, not sums
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(k_sums="output"):  # their sums sent in the result's dtype
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
         y = jax.jit(jax_tiled.matmul)(x, w)
     jax_tiled.overlap.set_default(chunks=2)         # for the rest of the process
@@ -31,6 +33,7 @@ import jax
 __all__ = [
     "GATHER_SPARE_SMS",
     "K_RINGS",
+    "K_SUMS",
     "SPARE_SMS",
     "Settings",
     "current",
@@ -52,6 +55,10 @@ GATHER_SPARE_SMS = 32
 
 # What the K rings can send: their partial sums, or the operands.
 K_RINGS = ("sums", "operands")
+
+# The type the sums ring's running sums travel in: the accumulation type, or
+# the result's.
+K_SUMS = ("accumulation", "output")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +91,14 @@ class Settings:
     slice of K of the operands, in their own type, to every other device
     (fewer bytes where K is not much larger than M and N; one piece, so
     `chunks` does not apply). On two H100s it ran slower than the sums
-    (docs/sharding.md)."""
+    (docs/sharding.md).
+    k_sums: the type the sums ring sends its running sums in: "accumulation"
+    (the default), float32 (float64 for float64), so that a 16-bit result is
+    rounded once, as on one device; "output", the result's dtype, each
+    running sum rounded to it before each transfer: half the bytes for a
+    16-bit result, and its rounding, one per device, is the class of jnp's
+    all-reduce of 16-bit partial products. The operand ring adds its sums
+    on one device and ignores it. Not yet timed on GPUs (docs/sharding.md)."""
 
     enabled: bool = True
     chunks: int | None = None
@@ -92,6 +106,7 @@ class Settings:
     gather_spare_sms: int | None = None
     k_ring: str = "sums"
     gather_barrier: bool = True
+    k_sums: str = "accumulation"
 
     def __post_init__(self):
         for name in ("enabled", "gather_barrier"):
@@ -119,6 +134,11 @@ class Settings:
             raise ValueError(
                 f"jax_tiled.overlap: k_ring must be one of {', '.join(map(repr, K_RINGS))}, "
                 f"got {self.k_ring!r}"
+            )
+        if self.k_sums not in K_SUMS:
+            raise ValueError(
+                f"jax_tiled.overlap: k_sums must be one of {', '.join(map(repr, K_SUMS))}, "
+                f"got {self.k_sums!r}"
             )
 
     def pieces(self) -> int:

@@ -792,8 +792,8 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
 def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path):
     """--compiler-option NAME=VALUE compiles ours and jnp's programs with that
     XLA option (typed, written to the JSON); --gather-spare-sms,
-    --gather-barrier and --k-ring add a row per value of each; a malformed
-    option is refused."""
+    --gather-barrier, --k-ring and --k-sums add a row per value of each; a
+    malformed option is refused."""
     script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
@@ -803,6 +803,7 @@ def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path
     result = subprocess.run(
         [*common, "--layouts", *layouts, "--gather-spare-sms", "auto", "16"]
         + ["--gather-barrier", "on", "off", "--k-ring", "sums", "operands"]
+        + ["--k-sums", "accumulation", "output"]
         + ["--compiler-option", f"{option}=true", "--json", str(report)],
         capture_output=True,
         text=True,
@@ -815,10 +816,11 @@ def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path
     assert written["compiler_options"] == {option: True}
     spare = jax_tiled.overlap.SPARE_SMS
     variants = [
-        f"chunks=auto spare={spare} gather={gather} barrier={barrier} {ring}"
+        f"chunks=auto spare={spare} gather={gather} barrier={barrier} {ring} sums={sums}"
         for gather in ("auto", 16)
         for barrier in ("on", "off")
         for ring in ("sums", "operands")
+        for sums in ("accumulation", "output")
     ]
     assert [(row["layout"], row["variant"]) for row in written["rows"]] == [
         (layout, variant) for layout in layouts for variant in variants

@@ -680,6 +680,51 @@ def test_k_ring_rounds_a_16_bit_result_once(rng):
         assert moved == {"f32"}, moved
 
 
+def test_k_ring_sums_in_the_output_dtype(rng):
+    """k_sums="output": each device rounds its running sum to bfloat16 before
+    sending it, one rounding a device, within (devices + 1) bfloat16 roundings
+    of the float64 product, as jnp's all-reduce of bfloat16 partial products;
+    and not the result of rounding once (the default), on the same inputs."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
+    a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
+    bound = 5 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
+    for out_spec in (P(), P("x")):
+        f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+        with jax_tiled.overlap.settings(k_sums="output"):
+            out = f(a, b)
+        assert out.dtype == jnp.bfloat16
+        assert np.all(np.abs(np.asarray(out, np.float64) - a64 @ b64) <= bound)
+        assert not np.array_equal(np.asarray(out), np.asarray(f(a, b))), out_spec
+
+
+@pytest.mark.parametrize("send_dtype", [None, np.float32, jnp.bfloat16])
+def test_k_ring_sends_its_sums_in_send_dtype(rng, send_dtype):
+    """The sums ring's transfers carry send_dtype (acc_dtype where it is None
+    or the same); where narrower, each piece's first product is computed
+    straight into it and the others in acc_dtype, added to what arrives."""
+    product = _rings_product(spare_sms=0)
+    asked = []
+
+    def call(a, b, p, out_dtype):
+        asked.append(np.dtype(out_dtype))
+        return jnp.matmul(a, b).astype(out_dtype)
+
+    ring = lambda a, b: _rings.reduce_scatter_ring(
+        call, product, a, b, axes=("x",), n=4, factor="m", dims=ROWS, pieces=2, gather=False,
+        acc_dtype=np.float32, beside_transfer=product, send_dtype=send_dtype,
+    )  # fmt: skip
+    a_np = random_array(rng, (1, 16, 32), np.float32)
+    b_np = random_array(rng, (1, 32, 24), np.float32)
+    text = str(jax.make_jaxpr(_ring_on_four(ring, K_SPLIT, P(None, "x")))(a_np, b_np))
+    sent = re.findall(r"(\w+)\[[\d,]*\] = ppermute", text)
+    narrow = send_dtype is jnp.bfloat16
+    assert sent == ["bf16" if narrow else "f32"] * 6, sent
+    first = np.dtype(jnp.bfloat16) if narrow else np.dtype(np.float32)
+    assert asked == [first, np.float32, np.float32, np.float32] * 2, asked
+
+
 def test_rings_are_deterministic(rng):
     mesh = make_mesh("cpu", (4,), ("x",))
     _, a = put(rng, mesh, (32, 64), P(None, "x"))
@@ -702,6 +747,7 @@ def test_rings_are_deterministic(rng):
         (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
         (dict(k_ring="partials"), ValueError, r"k_ring must be one of 'sums', 'operands'"),
         (dict(gather_barrier=1), TypeError, r"gather_barrier must be a bool, got 1"),
+        (dict(k_sums="bfloat16"), ValueError, r"k_sums must be one of 'accumulation', 'output'"),
     ],
 )
 def test_overlap_settings_are_checked(kwargs, error, message):

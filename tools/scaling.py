@@ -2,7 +2,8 @@
 
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
-        [--gather-barrier on off] [--k-ring sums operands] [--no-overlap] [--devices 2]
+        [--gather-barrier on off] [--k-ring sums operands] [--k-sums accumulation output]
+        [--no-overlap] [--devices 2]
         [--pgle 3] [--schedule]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
         [--json scaling.json]
@@ -21,7 +22,8 @@ pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
 (the same for the all-gather ring; `auto` the library's choice), of
 `--gather-barrier` (`on` or `off`: the all-gather ring's optimization
-barrier) and of `--k-ring` (what the K rings send: `sums` or `operands`);
+barrier), of `--k-ring` (what the K rings send: `sums` or `operands`) and of
+`--k-sums` (the type the sums travel in: `accumulation` or `output`);
 `--no-overlap` adds a row with the overlap turned off. `--compiler-option
 NAME=VALUE` compiles every program, ours and jnp's, with that XLA option.
 Every product is checked against jnp.matmul's on the same sharding and
@@ -198,6 +200,14 @@ def main(argv=None) -> int:
         help="jax_tiled.overlap k_ring to time, each with each other setting (default: sums)",
     )
     parser.add_argument(
+        "--k-sums",
+        nargs="+",
+        default=["accumulation"],
+        choices=jax_tiled.overlap.K_SUMS,
+        help="jax_tiled.overlap k_sums to time, each with each other setting "
+        "(default: accumulation)",
+    )
+    parser.add_argument(
         "--compiler-option",
         action="append",
         default=[],
@@ -261,14 +271,16 @@ def main(argv=None) -> int:
          + (f" gather={gather if gather is not None else 'auto'}"
             if args.gather_spare_sms != [None] else "")
          + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
-         + (f" {ring}" if args.k_ring != ["sums"] else ""),
+         + (f" {ring}" if args.k_ring != ["sums"] else "")
+         + (f" sums={sums}" if args.k_sums != ["accumulation"] else ""),
          dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring,
-              gather_barrier=barrier == "on"))
+              gather_barrier=barrier == "on", k_sums=sums))
         for c in args.chunks
         for spare in args.spare_sms
         for gather in args.gather_spare_sms
         for barrier in args.gather_barrier
         for ring in args.k_ring
+        for sums in args.k_sums
     ]  # fmt: skip
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
