@@ -616,6 +616,30 @@ def test_cuda_operand_ring(rng, out_spec):
 
 
 @pytest.mark.gpu
+def test_cuda_k_ring_sums_in_the_output_dtype(rng):
+    """k_sums="output" on GPUs: a bfloat16 K split's ring moves bfloat16 sums
+    (float32 by default), and its result, replicated or reduce-scattered, is
+    within one bfloat16 rounding a device (and one more) of the float64 product."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (256, 512), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (512, 192), P("x"), jnp.bfloat16)
+    a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
+    bound = 3 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
+    moved = {}
+    for k_sums in jax_tiled.overlap.K_SUMS:
+        with jax_tiled.overlap.settings(k_sums=k_sums):
+            for out_spec in (P(), P("x")):
+                f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+                out = np.asarray(f(a, b), np.float64)
+                assert np.all(np.abs(out - a64 @ b64) <= bound), (k_sums, out_spec)
+            text = f.lower(a, b).compile().as_text()  # reduce-scattered: the sums alone move
+        moved[k_sums] = set(
+            re.findall(r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(", text)
+        )
+    assert moved == {"accumulation": {"f32"}, "output": {"bf16"}}, moved
+
+
+@pytest.mark.gpu
 def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
     """On GPUs, the all-gather ring's product beside its transfer asks the
     handler for `overlap.Settings.gather_spares()` fewer SMs (by default
