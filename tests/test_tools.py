@@ -7,8 +7,10 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -627,6 +629,51 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     refused = ncu_products(EXTRA="--pallas 128x128x64")
     assert refused.returncode == 2 and "the sweep's configs are" in refused.stderr
     assert config in refused.stderr and not asked.exists()
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ncu_products_kills_a_product_past_its_time(tmp_path):
+    """A product under ncu past --timeout is killed with ncu (its process
+    group: nothing left holding the GPU for the next product) and reported;
+    so is the product running when ncu_products itself is stopped (SIGTERM,
+    as timeout(1) sends)."""
+    root = Path(__file__).resolve().parent.parent
+    bin_dir, pids = tmp_path / "bin", tmp_path / "pids"
+    bin_dir.mkdir()
+    # A stand-in for ncu whose "product" (a child process) runs far too long.
+    (bin_dir / "ncu").write_text(f"#!/bin/bash\nsleep 60 &\necho $! >> {pids}\nwait\n")
+    (bin_dir / "ncu").chmod(0o755)
+    command = [sys.executable, str(root / "tools" / "ncu_products.py"), "--shapes", "64x64x64"]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(
+        [*command, "--timeout", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "64x64x64 auto: cut at 1 s (--timeout), killed" in done.stdout
+    assert "64x64x64 jnp.matmul: cut at 1 s" in done.stdout  # the next product ran
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) == 2 and all(_gone(pid) for pid in started)
+    pids.unlink()
+    stopped = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _gone(int(pids.read_text().split()[0]))
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

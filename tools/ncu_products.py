@@ -2,7 +2,7 @@
 
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
-        [--pallas 128x128x64.s4.wgN.gN8.cM]
+        [--pallas 128x128x64.s4.wgN.gN8.cM] [--timeout 300]
         [--section WarpStateStats --section SchedulerStats]
         [--metric lts__t_sectors_srcunit_tex_op_read.sum]
 
@@ -20,7 +20,10 @@ clusters of a kernel's size the GPU holds at once), and any `--section` named
 besides (WarpStateStats: where the warps stall) and any `--metric`; the JSON
 keeps every metric of every launch (the tables some sections print are not
 read). Each product takes about a minute under ncu (jnp's
-autotuning runs outside the profiled range but inside the process).
+autotuning runs outside the profiled range but inside the process). Each
+runs in a process group of its own, killed whole past `--timeout` or when
+this script is stopped: a profiled product outliving its ncu held the GPU,
+and the next product then failed to start (2026-11-26).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -76,6 +80,32 @@ def ncu_command(
         dtype,
         precision,
     ]
+
+
+def run_in_own_group(command: list[str], env: dict, timeout: float):
+    """(exit status, stdout, stderr) of `command`, run in a process group of its
+    own; past `timeout` seconds, or where this process is stopped, the whole
+    group is killed (ncu and the product it profiles, which would otherwise
+    hold the GPU and make the next product fail to start) and the status is
+    None."""
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            return None, out, err
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return process.returncode, out, err
 
 
 def number(text: str):
@@ -180,7 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="an ncu metric read besides the default ones (repeatable)",
     )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="per product under ncu (default 300; about a minute each, 8192^3 more): "
+        "past it the product and ncu are killed and the next one starts",
+    )
     args = p.parse_args(argv)
+    if args.timeout <= 0:
+        p.error(f"--timeout must be positive, got {args.timeout}")
+    # Stopped from outside (timeout(1), a device call's limit): the product under
+    # ncu goes too (run_in_own_group), not left holding the GPU.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     unknown = [name for name in args.pallas if name not in PALLAS_CONFIGS]
     if unknown:
         configs = ", ".join(PALLAS_CONFIGS)
@@ -199,12 +242,16 @@ def main(argv: list[str] | None = None) -> int:
                 ncu, kernel, shape, args.dtype, args.precision, args.section, args.metric
             )
             print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
-            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            status, out, err = run_in_own_group(command, env, args.timeout)
+            if status is None:
+                print(f"{shape} {kernel}: cut at {args.timeout:g} s (--timeout), killed")
+                failed += 1
+                continue
             try:
-                launches = parse_launches(done.stdout)
+                launches = parse_launches(out)
             except ValueError as exc:
-                tail = " ".join(done.stderr.split()[-40:])
-                print(f"{shape} {kernel}: {exc} (exit status {done.returncode}; {tail})")
+                tail = " ".join(err.split()[-40:])
+                print(f"{shape} {kernel}: {exc} (exit status {status}; {tail})")
                 failed += 1
                 continue
             rows.append(
