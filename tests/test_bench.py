@@ -789,6 +789,42 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
     assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
 
 
+def test_scaling_tool_measures_error_against_float64(tmp_path):
+    """--accuracy: each row's error and bias against the float64 product of
+    its inputs, ours beside jnp's on the same sharding, printed and written,
+    with the targets missed; --inputs positive draws them from [0.5, 1.5]."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "scaling.json"
+    layouts = ["M-sharded", "K-sharded, reduce-scatter"]
+    result = subprocess.run(
+        [sys.executable, str(script), "--size", "64", "--repeats", "3", "--dtype", "bfloat16"]
+        + ["--precision", "default", "--layouts", *layouts, "--k-sums", "accumulation", "output"]
+        + ["--inputs", "positive", "--accuracy", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    written = json.loads(report.read_text())
+    assert written["inputs"] == "positive"
+    rows = written["rows"]
+    assert [(row["layout"], row["variant"].split()[-1]) for row in rows] == [
+        (layout, f"sums={sums}") for layout in layouts for sums in ("accumulation", "output")
+    ]
+    for row in rows:
+        # bfloat16 results: within a few roundings (2^-8) of float64, not exact.
+        assert 0 < row["err"] < 2**-6 and 0 < row["jnp_err"] < 2**-6, row
+        assert abs(row["bias"]) < 2**-6 and row["misses"] == [], row
+    # The rows without a ring are one kernel on each device's own rows: what
+    # the K split changes, the error of M-sharded rows does not.
+    assert rows[0]["err"] == rows[1]["err"], rows[:2]
+    printed = [line for line in result.stdout.splitlines() if "  err " in line]
+    assert len(printed) == 1 + len(rows)  # the one-device product's too
+    assert all("(jnp " in line for line in printed), printed
+
+
 def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path):
     """--compiler-option NAME=VALUE compiles ours and jnp's programs with that
     XLA option (typed, written to the JSON); --gather-spare-sms,

@@ -3,7 +3,7 @@
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
         [--gather-barrier on off] [--k-ring sums operands] [--k-sums accumulation output]
-        [--no-overlap] [--devices 2]
+        [--no-overlap] [--devices 2] [--inputs positive] [--accuracy]
         [--pgle 3] [--schedule]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
         [--json scaling.json]
@@ -13,7 +13,11 @@ of the machine), for jax_tiled.matmul and for jnp.matmul under the same
 shardings, and prints per layout the milliseconds, each one's efficiency
 t(1) / (N * t(N)) against its own one-device time, jnp's time over ours, and
 the all-gathers each compiled program holds (ours against jnp's: a sharded
-product should gather no operand that jnp does not). The one-device time is
+product should gather no operand that jnp does not). `--accuracy` adds each
+product's error and bias against the float64 product of the same inputs,
+ours beside jnp's on the same sharding (the benchmark's `--accuracy`
+measures and flags: ERR, BIAS), on `--inputs` (`normal`, the default, or
+`positive`: uniform in [0.5, 1.5], where a biased sum shows). The one-device time is
 the same unsharded product for every layout of a problem, timed once per
 implementation: the size^3 product, or for the batch-sharded layout a batch
 of 8 products of (size/2)^3 (the same FLOPs). `--chunks` times jax_tiled once
@@ -65,6 +69,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tiled
+from jax_tiled.bench import accuracy
 from jax_tiled.bench.timing import pipelined_samples
 
 # name: a's spec, b's spec, the result's spec (jit's out_shardings). Specs of
@@ -235,6 +240,17 @@ def main(argv=None) -> int:
         action="store_true",
         help="print the order of each of our programs' collectives, kernels and fusions",
     )
+    parser.add_argument(
+        "--inputs",
+        default="normal",
+        choices=tuple(accuracy.DISTRIBUTIONS),
+        help="the operands' distribution (default normal; positive: uniform in [0.5, 1.5])",
+    )
+    parser.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="also each product's error and bias against float64, ours beside jnp's",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the rows here")
     args = parser.parse_args(argv)
     if args.pgle < 0:
@@ -247,21 +263,21 @@ def main(argv=None) -> int:
     if n % 2:
         parser.error(f"--size must be even (the batched problem is {BATCH} of size/2), got {n}")
     key_a, key_b = jax.random.split(jax.random.key(0))
+    draw = accuracy.DISTRIBUTIONS[args.inputs]
     problems = {
-        2: (
-            jax.random.normal(key_a, (n, n), args.dtype),
-            jax.random.normal(key_b, (n, n), args.dtype),
-        ),
+        2: (draw(key_a, (n, n), args.dtype), draw(key_b, (n, n), args.dtype)),
         3: (
-            jax.random.normal(key_a, (BATCH, n // 2, n // 2), args.dtype),
-            jax.random.normal(key_b, (BATCH, n // 2, n // 2), args.dtype),
+            draw(key_a, (BATCH, n // 2, n // 2), args.dtype),
+            draw(key_b, (BATCH, n // 2, n // 2), args.dtype),
         ),
     }
     print(
         f"# {devices[0].device_kind} x{count}, jax {jax.__version__}, {n}^3 {args.dtype}, "
-        f"precision {args.precision}; efficiency = t(1) / ({count} * t({count})); "
-        f"batch-sharded: {BATCH} x {n // 2}^3"
+        f"precision {args.precision}, {args.inputs} inputs; efficiency = t(1) / ({count} * "
+        f"t({count})); batch-sharded: {BATCH} x {n // 2}^3"
     )
+    if args.accuracy:
+        print(f"# {accuracy.DEFINITIONS}\n# {accuracy.LEGEND}")
 
     options = dict(args.compiler_option)
     if options:
@@ -307,18 +323,49 @@ def main(argv=None) -> int:
             seconds = median_seconds(compiled, a_s, b_s, args.repeats)
             return seconds, out, compiled.as_text(), profile_bytes
 
+    float64 = {}  # rank -> the float64 product of the inputs (--accuracy)
+
+    def measured(out, peer_out, rank) -> dict:
+        """Ours' and the peer's error and bias against float64, and the
+        targets ours misses (the benchmark's --accuracy limits); {} without
+        --accuracy."""
+        if not args.accuracy:
+            return {}
+        if rank not in float64:
+            a, b = (np.asarray(x, np.float64) for x in problems[rank])
+            float64[rank] = np.matmul(a, b)
+        ref = float64[rank]
+        ours, peer = accuracy.accuracy(out, ref), accuracy.accuracy(peer_out, ref)
+        allowed = accuracy.limits(peer, str(out.dtype), ref.size)
+        return dict(
+            err=ours.err, jnp_err=peer.err, bias=ours.bias, jnp_bias=peer.bias,
+            misses=accuracy.misses(ours, allowed),
+        )  # fmt: skip
+
+    def accuracy_text(errors: dict) -> str:
+        if not errors:
+            return ""
+        flags = " ".join(name.upper() for name in errors["misses"])
+        return (
+            f"  err {errors['err']:.2e} (jnp {errors['jnp_err']:.2e}) bias {errors['bias']:+.2e} "
+            f"(jnp {errors['jnp_bias']:+.2e})" + (f"  {flags}" if flags else "")
+        )
+
     one = Mesh(np.array(devices[:1]), ("x",))
     single = {}  # rank -> (ours, jnp) one-device seconds
     single_out = {}  # rank -> our one-device result
     for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts}):
         plain = (P(*[None] * rank),) * 3
         t1_ours, expected, _, _ = timed(jax_tiled.matmul, one, plain, {})
-        t1_jnp, _, _, _ = timed(jnp.matmul, one, plain, {})
-        check(expected, jnp.matmul(*problems[rank], precision=args.precision), args.dtype)
+        t1_jnp, peer_out, _, _ = timed(jnp.matmul, one, plain, {})
+        check(expected, peer_out, args.dtype)
         single[rank] = (t1_ours, t1_jnp)
         single_out[rank] = expected
         what = f"{n}^3" if rank == 2 else f"{BATCH} x {n // 2}^3"
-        print(f"1 device, {what}: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms")
+        print(
+            f"1 device, {what}: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms"
+            + accuracy_text(measured(expected, peer_out, rank))
+        )
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
     header = (
@@ -339,11 +386,13 @@ def main(argv=None) -> int:
             check(out, reference, args.dtype)  # jnp's on the same sharding
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
+            errors = measured(out, reference, len(specs[0]))
             print(
                 f"{layout:28} {label:20} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
                 + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")
+                + accuracy_text(errors)
             )
             if args.schedule:
                 print(f"  schedule: {' '.join(schedule(text))}")
@@ -363,6 +412,7 @@ def main(argv=None) -> int:
                     schedule=schedule(text),
                     pgle_profile_bytes=profile,
                     jnp_pgle_profile_bytes=jnp_profile,
+                    **errors,
                 )
             )
     if args.json:
@@ -376,6 +426,7 @@ def main(argv=None) -> int:
             batch=BATCH,
             dtype=args.dtype,
             precision=args.precision,
+            inputs=args.inputs,
             pgle_profiling_runs=args.pgle,
             compiler_options=options,
             rows=rows,
