@@ -319,8 +319,10 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             # The last blocks of an uneven K are padded with arbitrary values.
             a = _zero_k_padding(a, ak, k_axes, sizes["k"])
             b = _zero_k_padding(b, bk, k_axes, sizes["k"])
-        # Partial sums stay in the accumulation type until summed, so that a
-        # 16-bit result is rounded once, as on one device.
+        # Partial products are computed in the accumulation type; the sums
+        # ring sends its running sums in the result's (settings.k_sums: half
+        # the bytes of a 16-bit result's float32), the all-reduce below adds
+        # them unrounded, so that a 16-bit result is rounded once.
         acc = _canonical.accumulation_dtype(product.out_dtype)
         if ring_k:
             ring = dict(

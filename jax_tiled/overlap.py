@@ -11,7 +11,7 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_ring="operands"):  # K rings send operands, not sums
         y = jax.jit(jax_tiled.matmul)(x, w)
-    with jax_tiled.overlap.settings(k_sums="output"):  # their sums sent in the result's dtype
+    with jax_tiled.overlap.settings(k_sums="accumulation"):  # their sums sent in float32
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
         y = jax.jit(jax_tiled.matmul)(x, w)
@@ -92,13 +92,14 @@ class Settings:
     (fewer bytes where K is not much larger than M and N; one piece, so
     `chunks` does not apply). On two H100s it ran slower than the sums
     (docs/sharding.md).
-    k_sums: the type the sums ring sends its running sums in: "accumulation"
-    (the default), float32 (float64 for float64), so that a 16-bit result is
-    rounded once, as on one device; "output", the result's dtype, each
-    running sum rounded to it before each transfer: half the bytes for a
-    16-bit result, and its rounding, one per device, is the class of jnp's
-    all-reduce of 16-bit partial products. The operand ring adds its sums
-    on one device and ignores it. Not yet timed on GPUs (docs/sharding.md)."""
+    k_sums: the type the sums ring sends its running sums in: "output" (the
+    default), the result's dtype, each running sum rounded to it before each
+    transfer: half the bytes for a 16-bit result, and its rounding, one per
+    device, is the class of jnp's all-reduce of 16-bit partial products;
+    "accumulation", float32 (float64 for float64), so that a 16-bit result
+    is rounded once, as on one device, at twice the bytes. The operand ring
+    adds its sums on one device and ignores it. On two and four H100s the
+    default ran faster on every K split (docs/sharding.md)."""
 
     enabled: bool = True
     chunks: int | None = None
@@ -106,7 +107,7 @@ class Settings:
     gather_spare_sms: int | None = None
     k_ring: str = "sums"
     gather_barrier: bool = True
-    k_sums: str = "accumulation"
+    k_sums: str = "output"
 
     def __post_init__(self):
         for name in ("enabled", "gather_barrier"):

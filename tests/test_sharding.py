@@ -635,7 +635,8 @@ def test_cuda_k_ring_sums_in_the_output_dtype(rng):
             text = f.lower(a, b).compile().as_text()  # reduce-scattered: the sums alone move
         # The type each transfer moves: a collective-permute's, or on GPUs an
         # async start's tuple, whose first element is the one sent.
-        moved[k_sums] = set(re.findall(r"= \(?(\w+)\[[^\n]*? collective-permute(?:-start)?\(", text))
+        sent = r"= \(?(\w+)\[[^\n]*? collective-permute(?:-start)?\("
+        moved[k_sums] = set(re.findall(sent, text))
     assert moved == {"accumulation": {"f32"}, "output": {"bf16"}}, moved
 
 
@@ -683,32 +684,31 @@ def test_cuda_all_gather_ring_runs_its_product_inside_the_transfer(rng):
 
 
 def test_k_ring_rounds_a_16_bit_result_once(rng):
-    """The partial sums travel in float32: bfloat16 rounding once is within one
-    bfloat16 rounding of the float64 product (rounding each partial sum is not)."""
+    """k_sums="accumulation": the partial sums travel in float32, so bfloat16
+    rounding once is within one bfloat16 rounding of the float64 product
+    (rounding each partial sum is not)."""
     mesh = make_mesh("cpu", (4,), ("x",))
     a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
     b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
     for out_spec in (P(), P("x")):
         f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
-        out = f(a, b)
+        with jax_tiled.overlap.settings(k_sums="accumulation"):
+            out = f(a, b)
+            text = f.lower(a, b).compile().as_text()
         assert out.dtype == jnp.bfloat16
         assert_matmul_close(out, a_np, b_np)
-        moved = set(
-            re.findall(
-                r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(",
-                f.lower(a, b).compile().as_text(),
-            )
-        )
+        moved = set(re.findall(r"= (\w+)\[[\d,]*\]\S* collective-permute(?:-start)?\(", text))
         # Partial sums move in float32 (a replicated result's gather moves the
         # rounded pieces, but XLA:CPU computes bfloat16 collectives in float32).
         assert moved == {"f32"}, moved
 
 
 def test_k_ring_sums_in_the_output_dtype(rng):
-    """k_sums="output": each device rounds its running sum to bfloat16 before
-    sending it, one rounding a device, within (devices + 1) bfloat16 roundings
-    of the float64 product, as jnp's all-reduce of bfloat16 partial products;
-    and not the result of rounding once (the default), on the same inputs."""
+    """k_sums="output" (the default): each device rounds its running sum to
+    bfloat16 before sending it, one rounding a device, within (devices + 1)
+    bfloat16 roundings of the float64 product, as jnp's all-reduce of bfloat16
+    partial products; and not the result of rounding once ("accumulation"),
+    on the same inputs."""
     mesh = make_mesh("cpu", (4,), ("x",))
     a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
     b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
@@ -720,7 +720,10 @@ def test_k_ring_sums_in_the_output_dtype(rng):
             out = f(a, b)
         assert out.dtype == jnp.bfloat16
         assert np.all(np.abs(np.asarray(out, np.float64) - a64 @ b64) <= bound)
-        assert not np.array_equal(np.asarray(out), np.asarray(f(a, b))), out_spec
+        np.testing.assert_array_equal(np.asarray(f(a, b)), np.asarray(out))  # the default
+        with jax_tiled.overlap.settings(k_sums="accumulation"):
+            once = f(a, b)
+        assert not np.array_equal(np.asarray(out), np.asarray(once)), out_spec
 
 
 @pytest.mark.parametrize("send_dtype", [None, np.float32, jnp.bfloat16])

@@ -82,6 +82,7 @@ LAYOUTS = {
     "K-sharded, reduce-scatter": (P(None, "x"), P("x", None), P("x", None)),
     "all-gather (a by M, b by N)": (P("x", None), P(None, "x"), P(None, "x")),
 }
+DEFAULTS = jax_tiled.overlap.Settings()  # the library's, which the tool's defaults time
 BATCH = 8  # divides 2, 4 and 8 devices; 8 products of (n/2)^3 are n^3's FLOPs
 # A collective in a compiled program's HLO: the op, or the start of its async pair.
 COLLECTIVE = re.compile(
@@ -200,17 +201,18 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--k-ring",
         nargs="+",
-        default=["sums"],
+        default=[DEFAULTS.k_ring],
         choices=jax_tiled.overlap.K_RINGS,
-        help="jax_tiled.overlap k_ring to time, each with each other setting (default: sums)",
+        help="jax_tiled.overlap k_ring to time, each with each other setting "
+        f"(default: {DEFAULTS.k_ring})",
     )
     parser.add_argument(
         "--k-sums",
         nargs="+",
-        default=["accumulation"],
+        default=[DEFAULTS.k_sums],
         choices=jax_tiled.overlap.K_SUMS,
         help="jax_tiled.overlap k_sums to time, each with each other setting "
-        "(default: accumulation)",
+        f"(default: {DEFAULTS.k_sums})",
     )
     parser.add_argument(
         "--compiler-option",
@@ -287,8 +289,8 @@ def main(argv=None) -> int:
          + (f" gather={gather if gather is not None else 'auto'}"
             if args.gather_spare_sms != [None] else "")
          + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
-         + (f" {ring}" if args.k_ring != ["sums"] else "")
-         + (f" sums={sums}" if args.k_sums != ["accumulation"] else ""),
+         + (f" {ring}" if args.k_ring != [DEFAULTS.k_ring] else "")
+         + (f" sums={sums}" if args.k_sums != [DEFAULTS.k_sums] else ""),
          dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring,
               gather_barrier=barrier == "on", k_sums=sums))
         for c in args.chunks
