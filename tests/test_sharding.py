@@ -634,10 +634,11 @@ def test_cuda_k_ring_sums_in_the_output_dtype(rng):
                 assert np.all(np.abs(out - a64 @ b64) <= bound), (k_sums, out_spec)
             text = f.lower(a, b).compile().as_text()  # reduce-scattered: the sums alone move
         # The type each transfer moves: a collective-permute's, or on GPUs an
-        # async start's tuple, whose first element is the one sent.
-        sent = r"= \(?(\w+)\[[^\n]*? collective-permute(?:-start)?\("
+        # async start's tuple (of tuples), whose first element is the one sent.
+        sent = r"= \(*(\w+)\[[^\n]*? collective-permute(?:-start)?\("
         moved[k_sums] = set(re.findall(sent, text))
-    assert moved == {"accumulation": {"f32"}, "output": {"bf16"}}, moved
+        transfers = [line for line in text.splitlines() if "collective-permute" in line]
+    assert moved == {"accumulation": {"f32"}, "output": {"bf16"}}, (moved, transfers[:4])
 
 
 @pytest.mark.gpu
