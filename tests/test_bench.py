@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import types
@@ -787,6 +788,45 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
         [*common, "--pgle", "-1"], capture_output=True, text=True, timeout=300, env=env
     )
     assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
+
+
+def test_alternate_peers_rotates_the_order_round_by_round(tmp_path):
+    """tools/alternate_peers.py times ours and jnp's once a round, the order
+    rotated each round, and prints and writes the medians over rounds; a
+    Pallas config where the kernel cannot run, and no rounds, are refused."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "alternate_peers.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "rounds.json"
+    common = [sys.executable, str(script), "--shape", "64x96x80", "--repeats", "3"]
+    result = subprocess.run(
+        [*common, "--rounds", "3", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    written = json.loads(report.read_text())
+    windows = written["windows"]
+    assert [(w["round"], w["impl"]) for w in windows] == [
+        (0, "ours"), (0, "jnp"), (1, "jnp"), (1, "ours"), (2, "ours"), (2, "jnp"),
+    ]  # fmt: skip
+    assert all(w["ms"] > 0 and w["start"] <= w["end"] for w in windows)
+    for name in ("ours", "jnp"):
+        ms = [w["ms"] for w in windows if w["impl"] == name]
+        assert written["medians_ms"][name] == statistics.median(ms)
+    assert written["smi_samples"] == []  # no GPU: nothing sampled
+    assert f"jnp / ours: {written['medians_ms']['jnp'] / written['medians_ms']['ours']:.3f}x" in (
+        result.stdout
+    )
+    for extra, message in (
+        (["--pallas", "128x128x64.s4.wgN.gN8.cM"], "unavailable here"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ):
+        refused = subprocess.run(
+            [*common, *extra], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
 
 
 def test_scaling_tool_measures_error_against_float64(tmp_path):

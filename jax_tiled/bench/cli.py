@@ -125,10 +125,10 @@ def parse_args(argv):
         action=argparse.BooleanOptionalAction,
         help="time the Pallas Mosaic-GPU Hopper kernel that jax ships "
         f"({pallas.MODULE}) as a second peer, the fastest of {len(pallas.CONFIGS)} "
-        "configs per row: a 'pallas' row beside jnp.matmul's and an 'x pallas' "
-        "column (default: on where it runs, an sm_90 GPU whose jax has the module; "
-        "--pallas shows the column elsewhere too, each row marked n/a with the "
-        "reason; --no-pallas leaves it out)",
+        "configs per row, timed again after the sweep: a 'pallas' row beside "
+        "jnp.matmul's and an 'x pallas' column (default: on where it runs, an sm_90 "
+        "GPU whose jax has the module; --pallas shows the column elsewhere too, each "
+        "row marked n/a with the reason; --no-pallas leaves it out)",
     )
     p.add_argument(
         "--quick",
