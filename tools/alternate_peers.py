@@ -11,9 +11,11 @@ between two rows can be the order they ran in. Here each round times every
 implementation once (the harness's timing: pipelined calls, median of
 --repeats samples), the order rotated round by round, and the medians over
 rounds are compared. Where `nvidia-smi` runs, it samples the SM clock, power
-and temperature every 50 ms; each timing's window gets their means (few
-samples: a window lasts about 0.1 s after its compile). Prints a line per
-timing and the medians; `--json` writes every window and the samples.
+and temperature every 50 ms; each timing gets their means over its timed
+samples, after its compile (few at the default --repeats: 0.1 s at 8192³;
+the power it reads lags, an average over about a second). Prints a line per
+timing, then each one's median and mean SM clock over the rounds; `--json`
+writes every window and the samples.
 """
 
 from __future__ import annotations
@@ -101,9 +103,13 @@ def main(argv=None) -> int:
                     fns[name], sets, repeats=args.repeats, warmup=2, budget=budget,
                     keep_first=False,
                 )  # fmt: skip
+                end = time.time()
+                # The samples are the window's last seconds (its compile comes first).
+                timed_s = sum(timed.samples) * len(sets) * timed.calls
                 windows.append(
-                    dict(round=r, impl=name, start=start, end=time.time(), ms=timed.seconds * 1e3)
-                )
+                    dict(round=r, impl=name, start=start, timed_start=end - timed_s, end=end,
+                         ms=timed.seconds * 1e3, calls=timed.calls)
+                )  # fmt: skip
                 tflops = shape.flops / timed.seconds / 1e12
                 print(f"round {r} {name:7} {timed.seconds * 1e3:.4f} ms {tflops:7.1f} TFLOP/s")
     finally:
@@ -113,14 +119,16 @@ def main(argv=None) -> int:
         smi_log.close()
     samples = smi_samples(smi_log.name)
     for window in windows:
-        inside = [s for s in samples if window["start"] <= s["time"] <= window["end"]]
+        inside = [s for s in samples if window["timed_start"] <= s["time"] <= window["end"]]
         for key in ("sm_mhz", "watts"):
             window[key] = statistics.mean(s[key] for s in inside) if inside else None
     medians = {}
     for name in names:
         ms = [w["ms"] for w in windows if w["impl"] == name]
         medians[name] = statistics.median(ms)
-        print(f"{name:7} median {medians[name]:.4f} ms over {len(ms)} rounds: "
+        clocks = [w["sm_mhz"] for w in windows if w["impl"] == name and w["sm_mhz"]]
+        clock = f", SM clock {statistics.mean(clocks):.0f} MHz" if clocks else ""
+        print(f"{name:7} median {medians[name]:.4f} ms over {len(ms)} rounds{clock}: "
               + " ".join(f"{m:.4f}" for m in ms))  # fmt: skip
     for name in names[1:]:
         print(f"{name} / ours: {medians[name] / medians['ours']:.3f}x")
