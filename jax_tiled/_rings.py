@@ -165,6 +165,42 @@ def operand_ring(call, product, a, b, *, axes, n, factor, dims, gather, acc_dtyp
     return _assemble([block_result], n=n, block=block, size=size, factor=factor, gather=gather)
 
 
+def collective_pieces(
+    call, product, a, b, *, axes, dims, scatter, across, pieces, sum_dtype, beside_transfer
+):
+    """The sum over the devices of `axes` of `call(a, b)`, reduce-scattered
+    along the result's dimension `scatter` (0, 1, 2: batch, M, N) or, where it
+    is None, all-reduced: `pieces` products, near-equal static slices of the
+    result along `across` ("m" or "n", not the scattered dimension), each
+    computed in `sum_dtype` and summed by one collective in it. A piece's
+    collective depends on its product alone, so it can run beside the next
+    piece's product (described by `beside_transfer`); the two pass through
+    one optimization barrier, as in `all_gather_ring`, so that XLA's
+    scheduler, which knows no custom call's time, does not end the
+    collective first. Nothing is padded: each piece is a slice of a (along
+    M) or of b (along N) of static bounds.
+    """
+    (_, am, _), (_, _, bn) = dims
+    size = a.shape[am] if across == "m" else b.shape[bn]
+    bounds = [size * p // pieces for p in range(pieces + 1)]
+    summed, pending = [], None
+    for lo, hi in zip(bounds, bounds[1:]):
+        if lo == hi:
+            continue  # more pieces than rows (or columns)
+        a_piece = lax.slice_in_dim(a, lo, hi, axis=am) if across == "m" else a
+        b_piece = lax.slice_in_dim(b, lo, hi, axis=bn) if across == "n" else b
+        partial = call(a_piece, b_piece, product if pending is None else beside_transfer, sum_dtype)
+        if pending is not None:
+            pending, partial = lax.optimization_barrier((pending, partial))
+            summed.append(pending)
+        if scatter is None:
+            pending = lax.psum(partial, axes)
+        else:
+            pending = lax.psum_scatter(partial, axes, scatter_dimension=scatter, tiled=True)
+    summed.append(pending)
+    return jnp.concatenate(summed, axis=RESULT_DIM[across]).astype(product.out_dtype)
+
+
 def _blocks(a, b, dims, factor, n):
     """The factor's length and the length of each device's block of it."""
     (_, am, _), (_, _, bn) = dims

@@ -278,13 +278,10 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         # the result is replicated over K's axes, the longer of M and N (M, N of
         # this device's blocks: other axes may split them).
         local = lambda f: -(-sizes[f] // math.prod(mesh.shape[x] for x in assignment[f]))
-        chunked = (
-            ("batch", "m", "n")[scatter]
-            if scatter is not None
-            else "m"
-            if local("m") >= local("n")
-            else "n"
-        )
+        longer = "m" if local("m") >= local("n") else "n"
+        chunked = ("batch", "m", "n")[scatter] if scatter is not None else longer
+        # k_ring="collectives" cuts the result across the scattered dimension.
+        across = {"m": "n", "n": "m"}.get(chunked, longer) if scatter is not None else longer
         pieces = settings.pieces()
 
     # A ring's products that run beside a transfer leave SMs to it.
@@ -337,6 +334,12 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             if settings.k_ring == "operands":
                 return _rings.operand_ring(call, product, a, b, **ring)
             sums = product.out_dtype if settings.k_sums == "output" else acc
+            if settings.k_ring == "collectives":
+                return _rings.collective_pieces(
+                    call, product, a, b, axes=k_axes, dims=dims, scatter=scatter,
+                    across=across, pieces=pieces, sum_dtype=sums,
+                    beside_transfer=beside_transfer,
+                )  # fmt: skip
             return _rings.reduce_scatter_ring(
                 call, product, a, b, pieces=pieces, send_dtype=sums, **ring
             )

@@ -34,6 +34,7 @@ __all__ = [
     "GATHER_SPARE_SMS",
     "K_RINGS",
     "K_SUMS",
+    "COLLECTIVE_PIECES",
     "SPARE_SMS",
     "Settings",
     "current",
@@ -53,8 +54,14 @@ SPARE_SMS = 32
 # the transfer before the product, and any SM spared is only lost (0).
 GATHER_SPARE_SMS = 32
 
-# What the K rings can send: their partial sums, or the operands.
-K_RINGS = ("sums", "operands")
+# What the K rings can send: their partial sums, or the operands; or, no
+# ring, the sums of pieces of the result by one collective each.
+K_RINGS = ("sums", "operands", "collectives")
+
+# k_ring="collectives" cuts the result into this many pieces unless `chunks`
+# says otherwise: one piece's collective runs beside the next piece's product,
+# and the last one's alone.
+COLLECTIVE_PIECES = 4
 
 # The type the sums ring's running sums travel in: the accumulation type, or
 # the result's.
@@ -91,14 +98,20 @@ class Settings:
     slice of K of the operands, in their own type, to every other device
     (fewer bytes where K is not much larger than M and N; one piece, so
     `chunks` does not apply). On two H100s it ran slower than the sums
-    (docs/sharding.md).
+    (docs/sharding.md). "collectives": no ring; the result is cut into
+    `chunks` pieces (`COLLECTIVE_PIECES` where None) across the dimension it
+    is scattered along, and each piece's partial products are summed by one
+    reduce-scatter (or all-reduce, for a replicated result) beside the next
+    piece's product: NCCL's collective kernels moved bytes about twice as
+    fast as its send/receive on four H100s. Not yet timed on GPUs.
     k_sums: the type the sums ring sends its running sums in: "output" (the
     default), the result's dtype, each running sum rounded to it before each
     transfer: half the bytes for a 16-bit result, and its rounding, one per
     device, is the class of jnp's all-reduce of 16-bit partial products;
     "accumulation", float32 (float64 for float64), so that a 16-bit result
-    is rounded once, as on one device, at twice the bytes. The operand ring
-    adds its sums on one device and ignores it. On two and four H100s the
+    is rounded once, as on one device, at twice the bytes; the collectives
+    sum in it too. The operand ring adds its sums on one device and ignores
+    it. On two and four H100s the
     default ran faster on every K split (docs/sharding.md)."""
 
     enabled: bool = True
@@ -143,7 +156,9 @@ class Settings:
             )
 
     def pieces(self) -> int:
-        return self.chunks if self.chunks is not None else 1
+        if self.chunks is not None:
+            return self.chunks
+        return COLLECTIVE_PIECES if self.k_ring == "collectives" else 1
 
     def gather_spares(self) -> int:
         """The SMs the all-gather ring's products beside a transfer leave to it."""

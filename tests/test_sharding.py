@@ -497,6 +497,99 @@ def _ring_jaxpr(ring, in_specs, out_spec):
     return outer.params["jaxpr"]
 
 
+@pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[-1]])
+def test_collective_pieces_product_and_gradient(partitioner, rng, name):
+    """k_ring="collectives": every K-sharded case and its gradient against
+    float64, the sums moved by reduce-scatters or all-reduces, nothing by a
+    collective-permute or gathered."""
+    mesh, a_np, a, b_np, b, out_spec, _ = _case("cpu", rng, name)
+    with jax_tiled.overlap.settings(k_ring="collectives"):
+        f = jax.jit(tiled)
+        out = f(a, b)
+        assert_matmul_close(out, a_np, b_np, precision="highest")
+        assert _same_spec(out.sharding, out_spec, out.ndim), out.sharding
+        moved = collectives(f, a, b)
+        assert moved and moved <= {"reduce-scatter", "all-reduce"}, moved
+        grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
+        assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
+
+
+@pytest.mark.parametrize("chunks", [None, 1, 3, 32])
+@pytest.mark.parametrize("out_spec", [P(), P("x"), P(None, "x")])
+@pytest.mark.parametrize("m,n,k", [(24, 24, 16), (7, 10, 16), (8, 4, 32)])
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, True)])
+def test_collective_pieces_blocks_and_layouts(
+    rng, chunks, out_spec, m, n, k, transpose_a, transpose_b
+):
+    """k_ring="collectives" on stored layouts, a replicated or reduce-scattered
+    result (along M or N): the same values as the sums' ring, one collective a
+    piece, the pieces cut across the scattered dimension (the longer of M and
+    N for a replicated result), `chunks` of them (COLLECTIVE_PIECES where
+    None), no more than its rows or columns."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    divides = out_spec == P() or (m if out_spec == P("x") else n) % 4 == 0
+    a_np = random_array(rng, (k, m) if transpose_a else (m, k), np.float32)
+    b_np = random_array(rng, (n, k) if transpose_b else (k, n), np.float32)
+    k_spec = lambda transposed, first: P("x") if transposed == first else P(None, "x")
+    a = jax.device_put(a_np, NamedSharding(mesh, k_spec(transpose_a, True)))
+    b = jax.device_put(b_np, NamedSharding(mesh, k_spec(transpose_b, False)))
+    mm = lambda x, y: tiled(x.T if transpose_a else x, y.T if transpose_b else y)
+    out_sharding = NamedSharding(mesh, out_spec) if divides else None
+    with jax_tiled.overlap.settings(k_ring="collectives", chunks=chunks):
+        f = jax.jit(mm, out_shardings=out_sharding)
+        out = f(a, b)
+        text = f.lower(a, b).compile().as_text()
+    a_math = a_np.T if transpose_a else a_np
+    b_math = b_np.T if transpose_b else b_np
+    assert_matmul_close(out, a_math, b_math, precision="highest")
+    sums = jax.jit(mm, out_shardings=out_sharding)(a, b)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(sums), rtol=1e-5, atol=1e-5)
+    replicated = out_sharding is None or not any(out_spec)
+    across = (m if m >= n else n) if replicated else (n if out_spec == P("x") else m)
+    pieces = min(chunks or jax_tiled.overlap.COLLECTIVE_PIECES, across)
+    # A product a piece (XLA:CPU may combine the collectives that follow them).
+    assert text.count('custom_call_target="tiled_matmul_cpu"') == pieces, text
+    assert _COLLECTIVE.findall(text) == ["all-reduce" if replicated else "reduce-scatter"] * len(
+        _COLLECTIVE.findall(text)
+    ), text
+
+
+def test_collective_pieces_leave_sms_and_pair_each_collective_with_the_next_product(rng):
+    """Each piece's collective and the next piece's product pass through one
+    optimization barrier (so that XLA's scheduler does not end the collective
+    first), and every product but the first carries `beside_transfer`."""
+    ring = lambda call, product, beside, a, b: _rings.collective_pieces(
+        call, product, a, b, axes=("x",), dims=ROWS, scatter=1, across="n", pieces=4,
+        sum_dtype=np.float32, beside_transfer=beside,
+    )  # fmt: skip
+    assert _ring_spares(rng, ring, K_SPLIT, P(None, "x")) == [0, 32, 32, 32]
+    assert _barriers(ring, K_SPLIT, P(None, "x")) == [["dot_general", "reduce_scatter"]] * 3
+
+
+@pytest.mark.parametrize("k_sums", jax_tiled.overlap.K_SUMS)
+def test_collective_pieces_sum_in_the_k_sums_type(rng, k_sums):
+    """A bfloat16 result's pieces are computed (and summed) in bfloat16 with
+    k_sums="output" (the default; the class of jnp's own reduce-scatter of
+    bfloat16 partial products), in float32 with "accumulation"; either way
+    within (devices + 1) bfloat16 roundings of the float64 product."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, (16, 256), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (256, 16), P("x"), jnp.bfloat16)
+    a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
+    bound = 5 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
+    with jax_tiled.overlap.settings(k_ring="collectives", k_sums=k_sums):
+        for out_spec in (P(), P("x")):
+            f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+            out = f(a, b)
+            assert out.dtype == jnp.bfloat16
+            assert np.all(np.abs(np.asarray(out, np.float64) - a64 @ b64) <= bound)
+            # What each piece's product is computed in is what its collective
+            # sums (XLA:CPU then computes a bfloat16 collective in float32).
+            text = f.lower(a, b).compile().as_text()
+            made = set(re.findall(r"= (\w+)\[[\d,]*\]\S* custom-call\(", text))
+            assert made == {"bf16" if k_sums == "output" else "f32"}, (made, text)
+
+
 def _barriers(ring, in_specs, out_spec):
     """What each `lax.optimization_barrier` of `ring(call, product, beside, a,
     b)` on 4 CPU devices holds: per barrier, per operand, the primitive that
@@ -563,6 +656,13 @@ def test_operand_ring_makes_each_step_s_operands_ready_with_the_product_before()
     )  # fmt: skip
     held = _barriers(ring, K_SPLIT, P(None, "x"))
     assert held == [["dot_general", "ppermute", "ppermute"]] * 3
+
+
+def test_collectives_cut_the_result_in_collective_pieces_by_default():
+    settings = jax_tiled.overlap.Settings
+    assert settings(k_ring="collectives").pieces() == jax_tiled.overlap.COLLECTIVE_PIECES > 1
+    assert settings(k_ring="collectives", chunks=2).pieces() == 2
+    assert settings().pieces() == settings(k_ring="operands").pieces() == 1
 
 
 def test_gather_spared_sms_follow_the_barrier():
@@ -639,6 +739,29 @@ def test_cuda_k_ring_sums_in_the_output_dtype(rng):
         moved[k_sums] = set(re.findall(sent, text))
         transfers = [line for line in text.splitlines() if "collective-permute" in line]
     assert moved == {"accumulation": {"f32"}, "output": {"bf16"}}, (moved, transfers[:4])
+
+
+@pytest.mark.gpu
+def test_cuda_collective_pieces(rng):
+    """k_ring="collectives" on GPUs: a bfloat16 K split, replicated or
+    reduce-scattered, within one bfloat16 rounding a device (and one more) of
+    the float64 product, its sums moved by NCCL's all-reduce or reduce-scatter
+    alone, the products after the first leaving `spare_sms` to them."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (256, 512), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (512, 192), P("x"), jnp.bfloat16)
+    a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
+    bound = 3 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
+    with jax_tiled.overlap.settings(k_ring="collectives"):
+        for out_spec, collective in ((P(), "all-reduce"), (P("x"), "reduce-scatter")):
+            f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+            out = np.asarray(f(a, b), np.float64)
+            assert np.all(np.abs(out - a64 @ b64) <= bound), out_spec
+            text = f.lower(a, b).compile().as_text()
+            assert set(_COLLECTIVE.findall(text)) == {collective}, text
+            spared = sorted(map(int, re.findall(r"spare_sms = (\d+)", text)))
+            pieces = jax_tiled.overlap.COLLECTIVE_PIECES
+            assert spared == [0] + [jax_tiled.overlap.SPARE_SMS] * (pieces - 1), spared
 
 
 @pytest.mark.gpu
