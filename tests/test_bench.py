@@ -829,6 +829,39 @@ def test_alternate_peers_rotates_the_order_round_by_round(tmp_path):
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
 
 
+def test_transfer_rates_times_each_transfer_alone(tmp_path):
+    """tools/transfer_rates.py on the four CPU devices: a row per ppermute
+    (one way, half each way, four pieces) per size, and one psum_scatter,
+    each with the bytes a device sends and a positive time; bad sizes refused."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "transfer_rates.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "rates.json"
+    common = [sys.executable, str(script), "--size", "64", "--repeats", "3", "--calls", "2"]
+    result = subprocess.run(
+        [*common, "--mb", "0.0625", "0.125", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = json.loads(report.read_text())["rows"]
+    hows = ("one way", "half each way", "four pieces one way")
+    assert [(r["op"], r["how"], r["bytes"]) for r in rows] == [
+        ("ppermute", how, rows_ * 64 * 2) for rows_ in (512, 1024) for how in hows
+    ] + [("psum_scatter", "tiled", 3 * 64 * 64 * 2 // 4)]
+    assert all(r["us"] > 0 for r in rows)
+    assert result.stdout.count(" GB/s") == len(rows)
+    for extra, message in (
+        (["--mb", "0"], "--mb must be positive"),
+        (["--devices", "9"], "--devices must be 2 to"),
+    ):
+        refused = subprocess.run(
+            [*common, *extra], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
+
+
 def test_scaling_tool_measures_error_against_float64(tmp_path):
     """--accuracy: each row's error and bias against the float64 product of
     its inputs, ours beside jnp's on the same sharding, printed and written,
