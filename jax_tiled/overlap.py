@@ -11,6 +11,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_ring="operands"):  # K rings send operands, not sums
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(k_ring="collectives"):  # K sums by collectives, in pieces
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_sums="accumulation"):  # their sums sent in float32
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
