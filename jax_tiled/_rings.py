@@ -201,6 +201,51 @@ def collective_pieces(
     return jnp.concatenate(summed, axis=RESULT_DIM[across]).astype(product.out_dtype)
 
 
+def all_gather_pieces(
+    call, product, a, b, *, axes, n, gathered, dims, size, pieces, beside_transfer, barrier=True
+):
+    """What `all_gather_ring` computes, gathering by collectives: each device's
+    block of the `gathered` operand is cut into `pieces` near-equal static
+    slices, each slice gathered from every device of `axes` by one all-gather
+    and multiplied once it is whole. Piece p + 1's all-gather is issued before
+    piece p's product, and with `barrier` the two pass through one
+    optimization barrier, so that the product runs beside the gather
+    (described by `beside_transfer`; the last product overlaps none). A
+    gathered piece holds each device's slice in device order, so the
+    result's rows (or columns) are put in order by one concatenation and
+    reshape at the end.
+    """
+    (_, am, _), (_, _, bn) = dims
+    moving = a if gathered == "a" else b
+    dim = am if gathered == "a" else bn
+    out_dim = 1 if gathered == "a" else 2
+    block = moving.shape[dim]
+    bounds = sorted({block * p // pieces for p in range(pieces + 1)})
+    gather = lambda lo, hi: lax.all_gather(
+        lax.slice_in_dim(moving, lo, hi, axis=dim), axes, axis=dim, tiled=True
+    )
+    incoming = gather(bounds[0], bounds[1])
+    results = []
+    for p, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        following = gather(*bounds[p + 1 : p + 3]) if p + 2 < len(bounds) else None
+        step = beside_transfer if following is not None else product
+        result = (
+            call(incoming, b, step, product.out_dtype)
+            if gathered == "a"
+            else call(a, incoming, step, product.out_dtype)
+        )
+        if barrier and following is not None:
+            following, result = lax.optimization_barrier((following, result))
+        # (.., n * (hi - lo), ..) as (.., n, hi - lo, ..): device j's rows of the piece.
+        shape = list(result.shape)
+        results.append(result.reshape(shape[:out_dim] + [n, hi - lo] + shape[out_dim + 1 :]))
+        incoming = following
+    blocks = jnp.concatenate(results, axis=out_dim + 1)  # (.., n, block, ..)
+    shape = list(blocks.shape)
+    merged = shape[:out_dim] + [n * block] + shape[out_dim + 2 :]
+    return lax.slice_in_dim(blocks.reshape(merged), 0, size, axis=out_dim)
+
+
 def _blocks(a, b, dims, factor, n):
     """The factor's length and the length of each device's block of it."""
     (_, am, _), (_, _, bn) = dims

@@ -297,11 +297,7 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
     def local_product(a, b):
         if gather is not None:
             gathered, axes = gather
-            return _rings.all_gather_ring(
-                call,
-                product,
-                a,
-                b,
+            common = dict(
                 axes=axes,
                 n=math.prod(mesh.shape[x] for x in axes),
                 gathered=gathered,
@@ -310,6 +306,11 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 beside_transfer=beside_gather,
                 barrier=settings.gather_barrier,
             )
+            if settings.gather_ring == "collectives":
+                return _rings.all_gather_pieces(
+                    call, product, a, b, pieces=settings.gather_pieces(), **common
+                )
+            return _rings.all_gather_ring(call, product, a, b, **common)
         if not k_axes:
             return call(a, b, product, product.out_dtype)
         if sizes["k"] % k_split:

@@ -13,6 +13,8 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_ring="collectives"):  # K sums by collectives, in pieces
         y = jax.jit(jax_tiled.matmul)(x, w)
+    with jax_tiled.overlap.settings(gather_ring="collectives"):  # an all-gather a piece
+        y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(k_sums="accumulation"):  # their sums sent in float32
         y = jax.jit(jax_tiled.matmul)(x, w)
     with jax_tiled.overlap.settings(enabled=False):   # one all-reduce / all-gather, as before
@@ -37,6 +39,7 @@ __all__ = [
     "K_RINGS",
     "K_SUMS",
     "COLLECTIVE_PIECES",
+    "GATHER_RINGS",
     "SPARE_SMS",
     "Settings",
     "current",
@@ -60,9 +63,13 @@ GATHER_SPARE_SMS = 32
 # ring, the sums of pieces of the result by one collective each.
 K_RINGS = ("sums", "operands", "collectives")
 
-# k_ring="collectives" cuts the result into this many pieces unless `chunks`
-# says otherwise: one piece's collective runs beside the next piece's product,
-# and the last one's alone.
+# How the all-gather pattern gathers its operand: a ring passing the blocks
+# from device to device, or one all-gather a piece of each block.
+GATHER_RINGS = ("blocks", "collectives")
+
+# k_ring="collectives" and gather_ring="collectives" cut the work into this
+# many pieces unless `chunks` says otherwise: one piece's collective runs
+# beside the next piece's product, and the last one's alone.
 COLLECTIVE_PIECES = 4
 
 # The type the sums ring's running sums travel in: the accumulation type, or
@@ -113,8 +120,14 @@ class Settings:
     "accumulation", float32 (float64 for float64), so that a 16-bit result
     is rounded once, as on one device, at twice the bytes; the collectives
     sum in it too. The operand ring adds its sums on one device and ignores
-    it. On two and four H100s the
-    default ran faster on every K split (docs/sharding.md)."""
+    it. On two and four H100s the default ran faster on every K split
+    (docs/sharding.md).
+    gather_ring: how the all-gather pattern gathers its operand: "blocks"
+    (the default), a ring of `ppermute`s passing each device's block on while
+    the product of the one before runs; "collectives", each device's block
+    cut into `chunks` pieces (`COLLECTIVE_PIECES` where None), each gathered
+    by one all-gather beside the product of the piece before (with the
+    barrier and the spared SMs of the ring). Not yet run on GPUs."""
 
     enabled: bool = True
     chunks: int | None = None
@@ -123,6 +136,7 @@ class Settings:
     k_ring: str = "sums"
     gather_barrier: bool = True
     k_sums: str = "output"
+    gather_ring: str = "blocks"
 
     def __post_init__(self):
         for name in ("enabled", "gather_barrier"):
@@ -151,6 +165,11 @@ class Settings:
                 f"jax_tiled.overlap: k_ring must be one of {', '.join(map(repr, K_RINGS))}, "
                 f"got {self.k_ring!r}"
             )
+        if self.gather_ring not in GATHER_RINGS:
+            raise ValueError(
+                f"jax_tiled.overlap: gather_ring must be one of "
+                f"{', '.join(map(repr, GATHER_RINGS))}, got {self.gather_ring!r}"
+            )
         if self.k_sums not in K_SUMS:
             raise ValueError(
                 f"jax_tiled.overlap: k_sums must be one of {', '.join(map(repr, K_SUMS))}, "
@@ -161,6 +180,10 @@ class Settings:
         if self.chunks is not None:
             return self.chunks
         return COLLECTIVE_PIECES if self.k_ring == "collectives" else 1
+
+    def gather_pieces(self) -> int:
+        """The pieces gather_ring="collectives" cuts each device's block into."""
+        return self.chunks if self.chunks is not None else COLLECTIVE_PIECES
 
     def gather_spares(self) -> int:
         """The SMs the all-gather ring's products beside a transfer leave to it."""

@@ -862,6 +862,35 @@ def test_transfer_rates_times_each_transfer_alone(tmp_path):
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
 
 
+def test_scaling_tool_times_the_gather_rings(tmp_path):
+    """--gather-ring blocks collectives: a row each for the all-gather pattern,
+    the ring's program without an all-gather, the collectives' with one a
+    piece (jnp's one), neither flagged as gathering where jnp does not."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    report = tmp_path / "scaling.json"
+    result = subprocess.run(
+        [sys.executable, str(script), "--size", "64", "--repeats", "3"]
+        + ["--layouts", "all-gather (a by M, b by N)", "--gather-ring", "blocks", "collectives"]
+        + ["--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert [row["variant"].split()[-1] for row in rows] == [
+        "gather_ring=blocks",
+        "gather_ring=collectives",
+    ]
+    blocks, pieces = rows
+    assert blocks["collectives"] == {"collective-permute": 3}, blocks
+    assert pieces["collectives"] == {"all-gather": jax_tiled.overlap.COLLECTIVE_PIECES}, pieces
+    assert blocks["jnp_collectives"].get("all-gather") == 1
+    assert "GATHERS WHERE JNP DOES NOT" not in result.stdout
+
+
 def test_scaling_tool_measures_error_against_float64(tmp_path):
     """--accuracy: each row's error and bias against the float64 product of
     its inputs, ours beside jnp's on the same sharding, printed and written,

@@ -293,6 +293,47 @@ def test_all_gather_pattern_runs_a_ring(partitioner, rng, name):
         assert collectives(plain, a, b) == {"all-gather"}
 
 
+@pytest.mark.parametrize("chunks", [None, 1, 3, 16])
+@pytest.mark.parametrize("name", ALL_GATHER)
+def test_all_gather_pattern_by_collectives(partitioner, rng, name, chunks):
+    """gather_ring="collectives": each device's block cut into `chunks` pieces
+    (COLLECTIVE_PIECES where None, no more than its rows), each gathered by one
+    all-gather and multiplied: float64's values and gradient, no ring."""
+    a_shape, a_spec, b_shape, b_spec, wanted, got = ALL_GATHER[name]
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, a_shape, a_spec)
+    b_np, b = put(rng, mesh, b_shape, b_spec)
+    with jax_tiled.overlap.settings(gather_ring="collectives", chunks=chunks):
+        f = jax.jit(tiled, out_shardings=None if wanted is None else NamedSharding(mesh, wanted))
+        out = f(a, b)
+        assert_matmul_close(out, a_np, b_np, precision="highest")
+        if got is not None:
+            assert _same_spec(out.sharding, got, out.ndim), out.sharding
+        text = f.lower(a, b).compile().as_text()
+        assert set(_COLLECTIVE.findall(text)) == {"all-gather"}, text
+        # A result split along N gathered a (its rows), one split along M b.
+        spec = tuple(out.sharding.spec) + (None,) * (out.ndim - len(out.sharding.spec))
+        block = (a_shape[-2] if spec[-1] == "x" else b_shape[-1]) // 4
+        pieces = min(chunks or jax_tiled.overlap.COLLECTIVE_PIECES, block)
+        assert text.count('custom_call_target="tiled_matmul_cpu"') == pieces, text
+        grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
+        assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
+
+
+def test_all_gather_pieces_pair_each_gather_with_the_product_before():
+    """Piece p + 1's all-gather and piece p's product pass through one barrier,
+    and every product but the last carries `beside_transfer`."""
+    ring = lambda call, product, beside, a, b: _rings.all_gather_pieces(
+        call, product, a, b, axes=("x",), n=4, gathered="a", dims=ROWS, size=16, pieces=4,
+        beside_transfer=beside,
+    )  # fmt: skip
+    in_specs = (P(None, "x"), P(None, None, "x"))
+    assert _barriers(ring, in_specs, P(None, None, "x")) == [["all_gather", "dot_general"]] * 3
+    assert _ring_spares(np.random.default_rng(0), ring, in_specs, P(None, None, "x")) == [
+        32, 32, 32, 0,
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("m,n,k", [(7, 10, 16), (9, 4, 16), (8, 12, 14), (7, 10, 13)])
 @pytest.mark.parametrize(
     "chunks,k_ring", [(None, "sums"), (1, "sums"), (3, "sums"), (None, "operands")]
@@ -660,6 +701,8 @@ def test_operand_ring_makes_each_step_s_operands_ready_with_the_product_before()
 
 def test_collectives_cut_the_result_in_collective_pieces_by_default():
     settings = jax_tiled.overlap.Settings
+    assert settings().gather_pieces() == jax_tiled.overlap.COLLECTIVE_PIECES
+    assert settings(chunks=3).gather_pieces() == 3
     assert settings(k_ring="collectives").pieces() == jax_tiled.overlap.COLLECTIVE_PIECES > 1
     assert settings(k_ring="collectives", chunks=2).pieces() == 2
     assert settings().pieces() == settings(k_ring="operands").pieces() == 1
@@ -762,6 +805,26 @@ def test_cuda_collective_pieces(rng):
             spared = sorted(map(int, re.findall(r"spare_sms = (\d+)", text)))
             pieces = jax_tiled.overlap.COLLECTIVE_PIECES
             assert spared == [0] + [jax_tiled.overlap.SPARE_SMS] * (pieces - 1), spared
+
+
+@pytest.mark.gpu
+def test_cuda_all_gather_pattern_by_collectives(rng):
+    """gather_ring="collectives" on GPUs: the all-gather pattern by one
+    all-gather a piece, against float64, the products beside a gather leaving
+    `gather_spares()` SMs to it."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (256, 128), P("x"))
+    b_np, b = put(rng, mesh, (128, 192), P(None, "x"))
+    with jax_tiled.overlap.settings(gather_ring="collectives"):
+        f = jax.jit(tiled, out_shardings=NamedSharding(mesh, P(None, "x")))
+        assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
+        text = f.lower(a, b).compile().as_text()
+        spared = jax_tiled.overlap.current().gather_spares()
+    assert set(_COLLECTIVE.findall(text)) == {"all-gather"}, text
+    pieces = jax_tiled.overlap.COLLECTIVE_PIECES
+    assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0] + [spared] * (
+        pieces - 1
+    ), text
 
 
 @pytest.mark.gpu
@@ -897,6 +960,11 @@ def test_rings_are_deterministic(rng):
         (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
         (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
         (dict(k_ring="partials"), ValueError, r"k_ring must be one of 'sums', 'operands'"),
+        (
+            dict(gather_ring="ring"),
+            ValueError,
+            r"gather_ring must be one of 'blocks', 'collectives'",
+        ),
         (dict(gather_barrier=1), TypeError, r"gather_barrier must be a bool, got 1"),
         (dict(k_sums="bfloat16"), ValueError, r"k_sums must be one of 'accumulation', 'output'"),
     ],

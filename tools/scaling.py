@@ -3,6 +3,7 @@
     NCCL_NVLS_ENABLE=0 python tools/scaling.py [--size 8192] [--dtype float32]
         [--precision highest] [--chunks 1 2 4] [--spare-sms 0 32] [--gather-spare-sms 0 16]
         [--gather-barrier on off] [--k-ring sums operands] [--k-sums accumulation output]
+        [--gather-ring blocks collectives]
         [--no-overlap] [--devices 2] [--inputs positive] [--accuracy]
         [--pgle 3] [--schedule]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
@@ -13,7 +14,8 @@ of the machine), for jax_tiled.matmul and for jnp.matmul under the same
 shardings, and prints per layout the milliseconds, each one's efficiency
 t(1) / (N * t(N)) against its own one-device time, jnp's time over ours, and
 the all-gathers each compiled program holds (ours against jnp's: a sharded
-product should gather no operand that jnp does not). `--accuracy` adds each
+product should gather no operand that jnp does not; `gather_ring="collectives"`
+gathers jnp's operand in pieces, an all-gather each). `--accuracy` adds each
 product's error and bias against the float64 product of the same inputs,
 ours beside jnp's on the same sharding (the benchmark's `--accuracy`
 measures and flags: ERR, BIAS), on `--inputs` (`normal`, the default, or
@@ -26,8 +28,10 @@ pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
 (the same for the all-gather ring; `auto` the library's choice), of
 `--gather-barrier` (`on` or `off`: the all-gather ring's optimization
-barrier), of `--k-ring` (what the K rings send: `sums` or `operands`) and of
-`--k-sums` (the type the sums travel in: `accumulation` or `output`);
+barrier), of `--k-ring` (what the K rings send: `sums`, `operands` or
+`collectives`), of `--k-sums` (the type the sums travel in: `accumulation`
+or `output`) and of `--gather-ring` (how the all-gather pattern gathers:
+`blocks` or `collectives`, whose pieces `--chunks` sets too);
 `--no-overlap` adds a row with the overlap turned off. `--compiler-option
 NAME=VALUE` compiles every program, ours and jnp's, with that XLA option.
 Every product is checked against jnp.matmul's on the same sharding and
@@ -207,6 +211,14 @@ def main(argv=None) -> int:
         f"(default: {DEFAULTS.k_ring})",
     )
     parser.add_argument(
+        "--gather-ring",
+        nargs="+",
+        default=[DEFAULTS.gather_ring],
+        choices=jax_tiled.overlap.GATHER_RINGS,
+        help="jax_tiled.overlap gather_ring to time, each with each other setting "
+        f"(default: {DEFAULTS.gather_ring})",
+    )
+    parser.add_argument(
         "--k-sums",
         nargs="+",
         default=[DEFAULTS.k_sums],
@@ -290,15 +302,17 @@ def main(argv=None) -> int:
             if args.gather_spare_sms != [None] else "")
          + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
          + (f" {ring}" if args.k_ring != [DEFAULTS.k_ring] else "")
-         + (f" sums={sums}" if args.k_sums != [DEFAULTS.k_sums] else ""),
+         + (f" sums={sums}" if args.k_sums != [DEFAULTS.k_sums] else "")
+         + (f" gather_ring={by}" if args.gather_ring != [DEFAULTS.gather_ring] else ""),
          dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring,
-              gather_barrier=barrier == "on", k_sums=sums))
+              gather_barrier=barrier == "on", k_sums=sums, gather_ring=by))
         for c in args.chunks
         for spare in args.spare_sms
         for gather in args.gather_spare_sms
         for barrier in args.gather_barrier
         for ring in args.k_ring
         for sums in args.k_sums
+        for by in args.gather_ring
     ]  # fmt: skip
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
@@ -393,7 +407,7 @@ def main(argv=None) -> int:
                 f"{layout:28} {label:20} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
-                + ("  MORE GATHERS THAN JNP" if gathers > jnp_gathers else "")
+                + ("  GATHERS WHERE JNP DOES NOT" if gathers and not jnp_gathers else "")
                 + accuracy_text(errors)
             )
             if args.schedule:
