@@ -228,14 +228,9 @@ def all_gather_pieces(
     results = []
     for p, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         following = gather(*bounds[p + 1 : p + 3]) if p + 2 < len(bounds) else None
-        step = beside_transfer if following is not None else product
-        result = (
-            call(incoming, b, step, product.out_dtype)
-            if gathered == "a"
-            else call(a, incoming, step, product.out_dtype)
+        result, following = _beside(
+            call, product, a, b, incoming, gathered, following, beside_transfer, barrier
         )
-        if barrier and following is not None:
-            following, result = lax.optimization_barrier((following, result))
         # (.., n * (hi - lo), ..) as (.., n, hi - lo, ..): device j's rows of the piece.
         shape = list(result.shape)
         results.append(result.reshape(shape[:out_dim] + [n, hi - lo] + shape[out_dim + 1 :]))
@@ -244,6 +239,21 @@ def all_gather_pieces(
     shape = list(blocks.shape)
     merged = shape[:out_dim] + [n * block] + shape[out_dim + 2 :]
     return lax.slice_in_dim(blocks.reshape(merged), 0, size, axis=out_dim)
+
+
+def _beside(call, product, a, b, held, gathered, following, beside_transfer, barrier):
+    """An all-gather step: the product of the block in hand (`held`, of a or b
+    as `gathered` says) while `following`, the next block, is in transit
+    (None: the last step, whose product takes every SM); with `barrier` the
+    two pass through one optimization barrier, so that XLA's scheduler, which
+    knows no custom call's time, does not end the transfer first. Returns the
+    product and the next block."""
+    step = beside_transfer if following is not None else product
+    operands = (held, b) if gathered == "a" else (a, held)
+    result = call(*operands, step, product.out_dtype)
+    if barrier and following is not None:
+        following, result = lax.optimization_barrier((following, result))
+    return result, following
 
 
 def _blocks(a, b, dims, factor, n):
@@ -326,14 +336,9 @@ def all_gather_ring(
         # The transfer of the next block depends only on this one: issued first,
         # it runs while this step's product does.
         following = lax.ppermute(moving, axes, backward) if s < n - 1 else None
-        step = beside_transfer if following is not None else product
-        result = (
-            call(moving, b, step, product.out_dtype)
-            if gathered == "a"
-            else call(a, moving, step, product.out_dtype)
+        result, following = _beside(
+            call, product, a, b, moving, gathered, following, beside_transfer, barrier
         )
-        if barrier and following is not None:
-            following, result = lax.optimization_barrier((following, result))
         results.append(result)
         moving = following
     # Step s computed block (index + s) mod n, so block j is step (j - index)

@@ -790,28 +790,38 @@ def test_scaling_tool_times_under_profile_guided_latency_estimation(tmp_path):
     assert refused.returncode == 2 and "--pgle must be at least 0" in refused.stderr
 
 
+def run_tool(name: str, *args: str):
+    """tools/<name> in a process of its own on the four CPU devices (conftest's
+    XLA_FLAGS; JAX_PLATFORMS=cpu on a GPU machine too)."""
+    script = Path(__file__).resolve().parent.parent / "tools" / name
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+
+
+def assert_refused(name: str, *args: str, message: str) -> None:
+    refused = run_tool(name, *args)
+    assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
+
+
 def test_alternate_peers_rotates_the_order_round_by_round(tmp_path):
     """tools/alternate_peers.py times ours and jnp's once a round, the order
     rotated each round, and prints and writes the medians over rounds; a
     Pallas config where the kernel cannot run, and no rounds, are refused."""
-    script = Path(__file__).resolve().parent.parent / "tools" / "alternate_peers.py"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "rounds.json"
-    common = [sys.executable, str(script), "--shape", "64x96x80", "--repeats", "3"]
-    result = subprocess.run(
-        [*common, "--rounds", "3", "--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    common = ("--shape", "64x96x80", "--repeats", "3")
+    result = run_tool("alternate_peers.py", *common, "--rounds", "3", "--json", str(report))
     assert result.returncode == 0, result.stderr[-4000:]
     written = json.loads(report.read_text())
     windows = written["windows"]
     assert [(w["round"], w["impl"]) for w in windows] == [
         (0, "ours"), (0, "jnp"), (1, "jnp"), (1, "ours"), (2, "ours"), (2, "jnp"),
     ]  # fmt: skip
-    assert all(w["ms"] > 0 and w["start"] <= w["end"] for w in windows)
+    assert all(w["ms"] > 0 and w["start"] <= w["timed_start"] <= w["end"] for w in windows)
     for name in ("ours", "jnp"):
         ms = [w["ms"] for w in windows if w["impl"] == name]
         assert written["medians_ms"][name] == statistics.median(ms)
@@ -819,30 +829,19 @@ def test_alternate_peers_rotates_the_order_round_by_round(tmp_path):
     assert f"jnp / ours: {written['medians_ms']['jnp'] / written['medians_ms']['ours']:.3f}x" in (
         result.stdout
     )
-    for extra, message in (
-        (["--pallas", "128x128x64.s4.wgN.gN8.cM"], "unavailable here"),
-        (["--rounds", "0"], "--rounds must be at least 1"),
-    ):
-        refused = subprocess.run(
-            [*common, *extra], capture_output=True, text=True, timeout=300, env=env
-        )
-        assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
+    config = "128x128x64.s4.wgN.gN8.cM"
+    assert_refused("alternate_peers.py", *common, "--pallas", config, message="unavailable here")
+    assert_refused("alternate_peers.py", *common, "--rounds", "0", message="--rounds must be at")
 
 
 def test_transfer_rates_times_each_transfer_alone(tmp_path):
     """tools/transfer_rates.py on the four CPU devices: a row per ppermute
     (one way, half each way, four pieces) per size, and one psum_scatter,
     each with the bytes a device sends and a positive time; bad sizes refused."""
-    script = Path(__file__).resolve().parent.parent / "tools" / "transfer_rates.py"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "rates.json"
-    common = [sys.executable, str(script), "--size", "64", "--repeats", "3", "--calls", "2"]
-    result = subprocess.run(
-        [*common, "--mb", "0.0625", "0.125", "--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    common = ("--size", "64", "--repeats", "3", "--calls", "2")
+    result = run_tool(
+        "transfer_rates.py", *common, "--mb", "0.0625", "0.125", "--json", str(report)
     )
     assert result.returncode == 0, result.stderr[-4000:]
     rows = json.loads(report.read_text())["rows"]
@@ -852,32 +851,19 @@ def test_transfer_rates_times_each_transfer_alone(tmp_path):
     ] + [("psum_scatter", "tiled", 3 * 64 * 64 * 2 // 4)]
     assert all(r["us"] > 0 for r in rows)
     assert result.stdout.count(" GB/s") == len(rows)
-    for extra, message in (
-        (["--mb", "0"], "--mb must be positive"),
-        (["--devices", "9"], "--devices must be 2 to"),
-    ):
-        refused = subprocess.run(
-            [*common, *extra], capture_output=True, text=True, timeout=300, env=env
-        )
-        assert refused.returncode == 2 and message in refused.stderr, refused.stderr[-2000:]
+    assert_refused("transfer_rates.py", *common, "--mb", "0", message="--mb must be positive")
+    assert_refused("transfer_rates.py", *common, "--devices", "9", message="--devices must be 2 to")
 
 
 def test_scaling_tool_times_the_gather_rings(tmp_path):
     """--gather-ring blocks collectives: a row each for the all-gather pattern,
     the ring's program without an all-gather, the collectives' with one a
     piece (jnp's one), neither flagged as gathering where jnp does not."""
-    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
-    result = subprocess.run(
-        [sys.executable, str(script), "--size", "64", "--repeats", "3"]
-        + ["--layouts", "all-gather (a by M, b by N)", "--gather-ring", "blocks", "collectives"]
-        + ["--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    result = run_tool(
+        "scaling.py", "--size", "64", "--repeats", "3", "--layouts", "all-gather (a by M, b by N)",
+        "--gather-ring", "blocks", "collectives", "--json", str(report),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     rows = json.loads(report.read_text())["rows"]
     assert [row["variant"].split()[-1] for row in rows] == [
@@ -895,19 +881,13 @@ def test_scaling_tool_measures_error_against_float64(tmp_path):
     """--accuracy: each row's error and bias against the float64 product of
     its inputs, ours beside jnp's on the same sharding, printed and written,
     with the targets missed; --inputs positive draws them from [0.5, 1.5]."""
-    script = Path(__file__).resolve().parent.parent / "tools" / "scaling.py"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     report = tmp_path / "scaling.json"
     layouts = ["M-sharded", "K-sharded, reduce-scatter"]
-    result = subprocess.run(
-        [sys.executable, str(script), "--size", "64", "--repeats", "3", "--dtype", "bfloat16"]
-        + ["--precision", "default", "--layouts", *layouts, "--k-sums", "accumulation", "output"]
-        + ["--inputs", "positive", "--accuracy", "--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    result = run_tool(
+        "scaling.py", "--size", "64", "--repeats", "3", "--dtype", "bfloat16", "--precision",
+        "default", "--layouts", *layouts, "--k-sums", "accumulation", "output", "--inputs",
+        "positive", "--accuracy", "--json", str(report),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     written = json.loads(report.read_text())
     assert written["inputs"] == "positive"

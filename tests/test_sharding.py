@@ -380,19 +380,45 @@ def test_k_ring_pieces(rng, chunks, out_spec):
         assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
 
 
+# What each K ring other than the sums moves the sums (or operands) with.
+MOVED_BY = {"operands": {RING}, "collectives": {"reduce-scatter", "all-reduce"}}
+
+
+@pytest.mark.parametrize("k_ring", list(MOVED_BY))
 @pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[-1]])
-def test_operand_ring_product_and_gradient(partitioner, rng, name):
-    """k_ring="operands": every K-sharded case and its gradient against float64,
-    the operands moved by collective-permutes and no sum moved by a collective."""
+def test_other_k_rings_product_and_gradient(partitioner, rng, name, k_ring):
+    """k_ring="operands" and "collectives": every K-sharded case and its
+    gradient against float64; the operand ring moves the operands by
+    collective-permutes and no sum by a collective, the collectives move the
+    sums by reduce-scatters or all-reduces and nothing by a ring or gather."""
     mesh, a_np, a, b_np, b, out_spec, _ = _case("cpu", rng, name)
-    with jax_tiled.overlap.settings(k_ring="operands"):
+    with jax_tiled.overlap.settings(k_ring=k_ring):
         f = jax.jit(tiled)
         out = f(a, b)
         assert_matmul_close(out, a_np, b_np, precision="highest")
         assert _same_spec(out.sharding, out_spec, out.ndim), out.sharding
-        assert collectives(f, a, b) == {RING}
+        moved = collectives(f, a, b)
+        assert moved and moved <= MOVED_BY[k_ring], moved
         grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
         assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
+
+
+def _stored_k_split(rng, out_spec, m, n, k, transpose_a, transpose_b):
+    """An m x k by k x n product on 4 CPU devices, each operand stored
+    transposed or not and split along K: (a, b, mm, the result's sharding
+    (out_spec where the result divides, else None), a and b as multiplied)."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    divides = out_spec == P() or (m if out_spec == P("x") else n) % 4 == 0
+    a_np = random_array(rng, (k, m) if transpose_a else (m, k), np.float32)
+    b_np = random_array(rng, (n, k) if transpose_b else (k, n), np.float32)
+    k_spec = lambda transposed, first: P("x") if transposed == first else P(None, "x")
+    a = jax.device_put(a_np, NamedSharding(mesh, k_spec(transpose_a, True)))
+    b = jax.device_put(b_np, NamedSharding(mesh, k_spec(transpose_b, False)))
+    mm = lambda x, y: tiled(x.T if transpose_a else x, y.T if transpose_b else y)
+    out_sharding = NamedSharding(mesh, out_spec) if divides else None
+    a_math = a_np.T if transpose_a else a_np
+    b_math = b_np.T if transpose_b else b_np
+    return a, b, mm, out_sharding, a_math, b_math
 
 
 @pytest.mark.parametrize("out_spec", [P(), P("x"), P(None, "x")])
@@ -403,21 +429,12 @@ def test_operand_ring_blocks_and_layouts(rng, out_spec, m, n, k, transpose_a, tr
     or reduce-scattered result (along M or N): the same values as the sums'
     ring, and per step one transfer of each operand (a replicated result
     gathers its blocks after)."""
-    mesh = make_mesh("cpu", (4,), ("x",))
-    divides = out_spec == P() or (m if out_spec == P("x") else n) % 4 == 0
-    a_np = random_array(rng, (k, m) if transpose_a else (m, k), np.float32)
-    b_np = random_array(rng, (n, k) if transpose_b else (k, n), np.float32)
-    k_spec = lambda transposed, first: P("x") if transposed == first else P(None, "x")
-    a = jax.device_put(a_np, NamedSharding(mesh, k_spec(transpose_a, True)))
-    b = jax.device_put(b_np, NamedSharding(mesh, k_spec(transpose_b, False)))
-    mm = lambda x, y: tiled(x.T if transpose_a else x, y.T if transpose_b else y)
-    out_sharding = NamedSharding(mesh, out_spec) if divides else None
+    k_split = _stored_k_split(rng, out_spec, m, n, k, transpose_a, transpose_b)
+    a, b, mm, out_sharding, a_math, b_math = k_split
     with jax_tiled.overlap.settings(k_ring="operands"):
         f = jax.jit(mm, out_shardings=out_sharding)
         out = f(a, b)
         steps = ring_steps(f, a, b)
-    a_math = a_np.T if transpose_a else a_np
-    b_math = b_np.T if transpose_b else b_np
     assert_matmul_close(out, a_math, b_math, precision="highest")
     sums = jax.jit(mm, out_shardings=out_sharding)(a, b)
     np.testing.assert_allclose(np.asarray(out), np.asarray(sums), rtol=1e-5, atol=1e-5)
@@ -538,23 +555,6 @@ def _ring_jaxpr(ring, in_specs, out_spec):
     return outer.params["jaxpr"]
 
 
-@pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[-1]])
-def test_collective_pieces_product_and_gradient(partitioner, rng, name):
-    """k_ring="collectives": every K-sharded case and its gradient against
-    float64, the sums moved by reduce-scatters or all-reduces, nothing by a
-    collective-permute or gathered."""
-    mesh, a_np, a, b_np, b, out_spec, _ = _case("cpu", rng, name)
-    with jax_tiled.overlap.settings(k_ring="collectives"):
-        f = jax.jit(tiled)
-        out = f(a, b)
-        assert_matmul_close(out, a_np, b_np, precision="highest")
-        assert _same_spec(out.sharding, out_spec, out.ndim), out.sharding
-        moved = collectives(f, a, b)
-        assert moved and moved <= {"reduce-scatter", "all-reduce"}, moved
-        grad = jax.jit(jax.grad(loss_of(tiled), (0, 1)))
-        assert_trees_close(grad(a, b), gradient_f64(a_np, b_np))
-
-
 @pytest.mark.parametrize("chunks", [None, 1, 3, 32])
 @pytest.mark.parametrize("out_spec", [P(), P("x"), P(None, "x")])
 @pytest.mark.parametrize("m,n,k", [(24, 24, 16), (7, 10, 16), (8, 4, 32)])
@@ -567,21 +567,12 @@ def test_collective_pieces_blocks_and_layouts(
     piece, the pieces cut across the scattered dimension (the longer of M and
     N for a replicated result), `chunks` of them (COLLECTIVE_PIECES where
     None), no more than its rows or columns."""
-    mesh = make_mesh("cpu", (4,), ("x",))
-    divides = out_spec == P() or (m if out_spec == P("x") else n) % 4 == 0
-    a_np = random_array(rng, (k, m) if transpose_a else (m, k), np.float32)
-    b_np = random_array(rng, (n, k) if transpose_b else (k, n), np.float32)
-    k_spec = lambda transposed, first: P("x") if transposed == first else P(None, "x")
-    a = jax.device_put(a_np, NamedSharding(mesh, k_spec(transpose_a, True)))
-    b = jax.device_put(b_np, NamedSharding(mesh, k_spec(transpose_b, False)))
-    mm = lambda x, y: tiled(x.T if transpose_a else x, y.T if transpose_b else y)
-    out_sharding = NamedSharding(mesh, out_spec) if divides else None
+    k_split = _stored_k_split(rng, out_spec, m, n, k, transpose_a, transpose_b)
+    a, b, mm, out_sharding, a_math, b_math = k_split
     with jax_tiled.overlap.settings(k_ring="collectives", chunks=chunks):
         f = jax.jit(mm, out_shardings=out_sharding)
         out = f(a, b)
         text = f.lower(a, b).compile().as_text()
-    a_math = a_np.T if transpose_a else a_np
-    b_math = b_np.T if transpose_b else b_np
     assert_matmul_close(out, a_math, b_math, precision="highest")
     sums = jax.jit(mm, out_shardings=out_sharding)(a, b)
     np.testing.assert_allclose(np.asarray(out), np.asarray(sums), rtol=1e-5, atol=1e-5)

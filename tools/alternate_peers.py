@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 
 import jax_tiled
 from jax_tiled.bench import pallas, timing
+from jax_tiled.bench.report import write_tool_report
 from jax_tiled.bench.shapes import parse_shape
 
 SMI_QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
@@ -133,23 +133,10 @@ def main(argv=None) -> int:
     for name in names[1:]:
         print(f"{name} / ours: {medians[name] / medians['ours']:.3f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                dict(
-                    device=device.device_kind,
-                    jax_version=jax.__version__,
-                    date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    argv=sys.argv[1:] if argv is None else list(argv),
-                    shape=shape.name,
-                    dtype=args.dtype,
-                    medians_ms=medians,
-                    windows=windows,
-                    smi_samples=samples,
-                ),
-                f,
-                indent=1,
-            )
-        print(f"wrote {args.json}")
+        write_tool_report(
+            args.json, argv, shape=shape.name, dtype=args.dtype, medians_ms=medians,
+            windows=windows, smi_samples=samples,
+        )  # fmt: skip
     return 0
 
 

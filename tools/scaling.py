@@ -56,9 +56,7 @@ show.
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
-import json
 import os
 import re
 import statistics
@@ -74,6 +72,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tiled
 from jax_tiled.bench import accuracy
+from jax_tiled.bench.report import write_tool_report
 from jax_tiled.bench.timing import pipelined_samples
 
 # name: a's spec, b's spec, the result's spec (jit's out_shardings). Specs of
@@ -432,24 +431,11 @@ def main(argv=None) -> int:
                 )
             )
     if args.json:
-        report = dict(
-            device=devices[0].device_kind,
-            devices=count,
-            jax_version=jax.__version__,
-            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            argv=sys.argv[1:] if argv is None else list(argv),
-            size=n,
-            batch=BATCH,
-            dtype=args.dtype,
-            precision=args.precision,
-            inputs=args.inputs,
-            pgle_profiling_runs=args.pgle,
-            compiler_options=options,
-            rows=rows,
-        )
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
+        write_tool_report(
+            args.json, argv, devices=count, size=n, batch=BATCH, dtype=args.dtype,
+            precision=args.precision, inputs=args.inputs, pgle_profiling_runs=args.pgle,
+            compiler_options=options, rows=rows,
+        )  # fmt: skip
     return 0
 
 

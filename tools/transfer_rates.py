@@ -15,8 +15,6 @@ second (docs/sharding.md, "Four H100s: the transfers").
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 
@@ -26,6 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_tiled.bench.report import write_tool_report
 from jax_tiled.bench.timing import pipelined_samples
 
 MIB = 2**20
@@ -98,20 +97,7 @@ def main(argv=None) -> int:
           f"({sent / MIB:.1f} MiB sent a device by a ring: {sent / t / 1e9:.1f} GB/s)")  # fmt: skip
     rows_out.append(dict(op="psum_scatter", how="tiled", bytes=sent, us=t * 1e6))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                dict(
-                    device=devices[0].device_kind,
-                    devices=count,
-                    jax_version=jax.__version__,
-                    date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    argv=sys.argv[1:] if argv is None else list(argv),
-                    rows=rows_out,
-                ),
-                f,
-                indent=1,
-            )
-        print(f"wrote {args.json}")
+        write_tool_report(args.json, argv, devices=count, rows=rows_out)
     return 0
 
 

@@ -379,6 +379,21 @@ def format_ladder_markdown(rows: list[LadderRow], info: dict, args, notes: list[
     return "\n".join(out) + "\n"
 
 
+def write_tool_report(path: str, argv, **fields) -> None:
+    """A tool's JSON (tools/): the first device's kind, jax's version, the UTC
+    time and the arguments (sys.argv's where `argv` is None), then `fields`."""
+    report = dict(
+        device=jax.devices()[0].device_kind,
+        jax_version=jax.__version__,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        argv=sys.argv[1:] if argv is None else list(argv),
+        **fields,
+    )
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {path}")
+
+
 def device_info() -> dict:
     device = jax.devices()[0]
     info = {
