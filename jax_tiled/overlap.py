@@ -83,7 +83,9 @@ class Settings:
     chunks: how many pieces each device's block of the result is cut into in the
     K-sharded rings (more pieces let a replicated result's all-gather run
     behind later products, but each product is smaller); None picks the
-    measured best, 1 (docs/sharding.md).
+    measured best, 1 (docs/sharding.md). The collectives (k_ring and
+    gather_ring "collectives") cut their work into as many, and None is
+    `COLLECTIVE_PIECES` there.
     spare_sms: how many of the GPU's SMs a K ring's products leave free while a
     transfer runs beside them, so that the communication kernel (NCCL's, which
     runs on SMs) starts at once rather than waiting on the product's persistent
@@ -112,7 +114,9 @@ class Settings:
     is scattered along, and each piece's partial products are summed by one
     reduce-scatter (or all-reduce, for a replicated result) beside the next
     piece's product: NCCL's collective kernels moved bytes about twice as
-    fast as its send/receive on four H100s. Not yet timed on GPUs.
+    fast as its send/receive on four H100s, where it ran 1.8x and 1.5x the
+    sums ring; on two, replicated faster, reduce-scattered slower (not the
+    default: docs/sharding.md).
     k_sums: the type the sums ring sends its running sums in: "output" (the
     default), the result's dtype, each running sum rounded to it before each
     transfer: half the bytes for a 16-bit result, and its rounding, one per
