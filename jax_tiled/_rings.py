@@ -181,12 +181,9 @@ def collective_pieces(
     M) or of b (along N) of static bounds.
     """
     (_, am, _), (_, _, bn) = dims
-    size = a.shape[am] if across == "m" else b.shape[bn]
-    bounds = [size * p // pieces for p in range(pieces + 1)]
+    bounds = _cuts(a.shape[am] if across == "m" else b.shape[bn], pieces)
     summed, pending = [], None
     for lo, hi in zip(bounds, bounds[1:]):
-        if lo == hi:
-            continue  # more pieces than rows (or columns)
         a_piece = lax.slice_in_dim(a, lo, hi, axis=am) if across == "m" else a
         b_piece = lax.slice_in_dim(b, lo, hi, axis=bn) if across == "n" else b
         partial = call(a_piece, b_piece, product if pending is None else beside_transfer, sum_dtype)
@@ -220,7 +217,7 @@ def all_gather_pieces(
     dim = am if gathered == "a" else bn
     out_dim = 1 if gathered == "a" else 2
     block = moving.shape[dim]
-    bounds = sorted({block * p // pieces for p in range(pieces + 1)})
+    bounds = _cuts(block, pieces)
     gather = lambda lo, hi: lax.all_gather(
         lax.slice_in_dim(moving, lo, hi, axis=dim), axes, axis=dim, tiled=True
     )
@@ -239,6 +236,12 @@ def all_gather_pieces(
     shape = list(blocks.shape)
     merged = shape[:out_dim] + [n * block] + shape[out_dim + 2 :]
     return lax.slice_in_dim(blocks.reshape(merged), 0, size, axis=out_dim)
+
+
+def _cuts(size, pieces):
+    """The bounds of `pieces` near-equal slices of `size` rows, fewer where
+    there are fewer rows than pieces (no slice is empty)."""
+    return sorted({size * p // pieces for p in range(pieces + 1)})
 
 
 def _beside(call, product, a, b, held, gathered, following, beside_transfer, barrier):

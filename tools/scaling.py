@@ -201,30 +201,19 @@ def main(argv=None) -> int:
         choices=("on", "off"),
         help="jax_tiled.overlap gather_barrier to time, each with each other setting (default: on)",
     )
-    parser.add_argument(
-        "--k-ring",
-        nargs="+",
-        default=[DEFAULTS.k_ring],
-        choices=jax_tiled.overlap.K_RINGS,
-        help="jax_tiled.overlap k_ring to time, each with each other setting "
-        f"(default: {DEFAULTS.k_ring})",
-    )
-    parser.add_argument(
-        "--gather-ring",
-        nargs="+",
-        default=[DEFAULTS.gather_ring],
-        choices=jax_tiled.overlap.GATHER_RINGS,
-        help="jax_tiled.overlap gather_ring to time, each with each other setting "
-        f"(default: {DEFAULTS.gather_ring})",
-    )
-    parser.add_argument(
-        "--k-sums",
-        nargs="+",
-        default=[DEFAULTS.k_sums],
-        choices=jax_tiled.overlap.K_SUMS,
-        help="jax_tiled.overlap k_sums to time, each with each other setting "
-        f"(default: {DEFAULTS.k_sums})",
-    )
+    for name, values in (
+        ("k_ring", jax_tiled.overlap.K_RINGS),
+        ("gather_ring", jax_tiled.overlap.GATHER_RINGS),
+        ("k_sums", jax_tiled.overlap.K_SUMS),
+    ):
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            nargs="+",
+            default=[getattr(DEFAULTS, name)],
+            choices=values,
+            help=f"jax_tiled.overlap {name} to time, each with each other setting "
+            f"(default: {getattr(DEFAULTS, name)})",
+        )
     parser.add_argument(
         "--compiler-option",
         action="append",
