@@ -329,18 +329,24 @@ def main(argv=None) -> int:
 
     float64 = {}  # rank -> the float64 product of the inputs (--accuracy)
 
-    def measured(out, peer_out, rank) -> dict:
-        """Ours' and the peer's error and bias against float64, and the
-        targets ours misses (the benchmark's --accuracy limits); {} without
-        --accuracy."""
+    def against_float64(out, rank):
+        """out's error and bias against the float64 product of problem `rank`
+        (computed once a problem); None without --accuracy."""
         if not args.accuracy:
-            return {}
+            return None
         if rank not in float64:
             a, b = (np.asarray(x, np.float64) for x in problems[rank])
             float64[rank] = np.matmul(a, b)
-        ref = float64[rank]
-        ours, peer = accuracy.accuracy(out, ref), accuracy.accuracy(peer_out, ref)
-        allowed = accuracy.limits(peer, str(out.dtype), ref.size)
+        return accuracy.accuracy(out, float64[rank])
+
+    def measured(out, peer, rank) -> dict:
+        """Ours' and the peer's (`peer`: against_float64 of its result) error
+        and bias, and the targets ours misses (the benchmark's --accuracy
+        limits); {} without --accuracy."""
+        if peer is None:
+            return {}
+        ours = against_float64(out, rank)
+        allowed = accuracy.limits(peer, str(out.dtype), float64[rank].size)
         return dict(
             err=ours.err, jnp_err=peer.err, bias=ours.bias, jnp_bias=peer.bias,
             misses=accuracy.misses(ours, allowed),
@@ -368,7 +374,7 @@ def main(argv=None) -> int:
         what = f"{n}^3" if rank == 2 else f"{BATCH} x {n // 2}^3"
         print(
             f"1 device, {what}: jax_tiled {t1_ours * 1e3:.3f} ms, jnp {t1_jnp * 1e3:.3f} ms"
-            + accuracy_text(measured(expected, peer_out, rank))
+            + accuracy_text(measured(expected, against_float64(peer_out, rank), rank))
         )
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
@@ -384,13 +390,14 @@ def main(argv=None) -> int:
         t1_ours, t1_jnp = single[len(specs[0])]
         t_jnp, reference, jnp_text, jnp_profile = timed(jnp.matmul, mesh, specs, {})
         jnp_ops = collectives(jnp_text)
+        jnp_error = against_float64(reference, len(specs[0]))  # once for every variant
         for label, settings in variants:
             t, out, text, profile = timed(jax_tiled.matmul, mesh, specs, settings)
             ops = collectives(text)
             check(out, reference, args.dtype)  # jnp's on the same sharding
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
-            errors = measured(out, reference, len(specs[0]))
+            errors = measured(out, jnp_error, len(specs[0]))
             print(
                 f"{layout:28} {label:20} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
