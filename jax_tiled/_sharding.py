@@ -51,7 +51,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
-from jax_tiled import _canonical, _compat, _rings, overlap
+from jax_tiled import _canonical, _compat, _ffi, _rings, overlap
 from jax_tiled._canonical import positions
 
 FACTORS = ("batch", "m", "n", "k")
@@ -282,7 +282,10 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         chunked = ("batch", "m", "n")[scatter] if scatter is not None else longer
         # k_ring="collectives" cuts the result across the scattered dimension.
         across = {"m": "n", "n": "m"}.get(chunked, longer) if scatter is not None else longer
-        pieces = settings.pieces()
+        k_ring = settings.ring(
+            k_split, replicated=scatter is None, gpu=product.target == _ffi.TARGETS["cuda"]
+        )
+        pieces = settings.pieces(k_ring)
 
     # A ring's products that run beside a transfer leave SMs to it.
     beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
@@ -332,10 +335,10 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
                 acc_dtype=acc,
                 beside_transfer=beside_transfer,
             )
-            if settings.k_ring == "operands":
+            if k_ring == "operands":
                 return _rings.operand_ring(call, product, a, b, **ring)
             sums = product.out_dtype if settings.k_sums == "output" else acc
-            if settings.k_ring == "collectives":
+            if k_ring == "collectives":
                 return _rings.collective_pieces(
                     call, product, a, b, axes=k_axes, dims=dims, scatter=scatter,
                     across=across, pieces=pieces, sum_dtype=sums,

@@ -104,7 +104,8 @@ class Settings:
     the transfer by itself, and ran faster so, with 16 SMs spared
     (docs/sharding.md).
     CPU products ignore the spared SMs.
-    k_ring: what the K rings send between devices: "sums" (the default), each
+    k_ring: what the K rings send between devices: None (the default) picks
+    by the devices and the result (`ring`); "sums", each
     block's float32 partial sums around the ring; "operands", each device's
     slice of K of the operands, in their own type, to every other device
     (fewer bytes where K is not much larger than M and N; one piece, so
@@ -137,7 +138,7 @@ class Settings:
     chunks: int | None = None
     spare_sms: int = SPARE_SMS
     gather_spare_sms: int | None = None
-    k_ring: str = "sums"
+    k_ring: str | None = None
     gather_barrier: bool = True
     k_sums: str = "output"
     gather_ring: str = "blocks"
@@ -164,9 +165,10 @@ class Settings:
                 raise TypeError(f"jax_tiled.overlap: {name} must be an int, got {value!r}")
             if value < 0:
                 raise ValueError(f"jax_tiled.overlap: {name} must be at least 0, got {value}")
-        if self.k_ring not in K_RINGS:
+        if self.k_ring is not None and self.k_ring not in K_RINGS:
             raise ValueError(
-                f"jax_tiled.overlap: k_ring must be one of {', '.join(map(repr, K_RINGS))}, "
+                f"jax_tiled.overlap: k_ring must be None or one of "
+                f"{', '.join(map(repr, K_RINGS))}, "
                 f"got {self.k_ring!r}"
             )
         if self.gather_ring not in GATHER_RINGS:
@@ -180,10 +182,24 @@ class Settings:
                 f"got {self.k_sums!r}"
             )
 
-    def pieces(self) -> int:
+    def ring(self, devices: int, replicated: bool, gpu: bool) -> str:
+        """How a K split over `devices` devices sums: `k_ring`, or where it is
+        None the one measured faster on GPUs (docs/sharding.md): the sums ring
+        for a reduce-scattered result on two devices, the collectives
+        elsewhere (NCCL's send/receive, the ring's transfers, ran at half its
+        collectives' rate on four H100s). CPU devices, whose transfers are
+        copies in one host's memory, keep the sums ring."""
+        if self.k_ring is not None:
+            return self.k_ring
+        if not gpu or (devices == 2 and not replicated):
+            return "sums"
+        return "collectives"
+
+    def pieces(self, ring: str = "sums") -> int:
+        """The pieces a device's block of the result is cut into by `ring`."""
         if self.chunks is not None:
             return self.chunks
-        return COLLECTIVE_PIECES if self.k_ring == "collectives" else 1
+        return COLLECTIVE_PIECES if ring == "collectives" else 1
 
     def gather_pieces(self) -> int:
         """The pieces gather_ring="collectives" cuts each device's block into."""

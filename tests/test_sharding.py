@@ -694,9 +694,23 @@ def test_collectives_cut_the_result_in_collective_pieces_by_default():
     settings = jax_tiled.overlap.Settings
     assert settings().gather_pieces() == jax_tiled.overlap.COLLECTIVE_PIECES
     assert settings(chunks=3).gather_pieces() == 3
-    assert settings(k_ring="collectives").pieces() == jax_tiled.overlap.COLLECTIVE_PIECES > 1
-    assert settings(k_ring="collectives", chunks=2).pieces() == 2
-    assert settings().pieces() == settings(k_ring="operands").pieces() == 1
+    assert settings().pieces("collectives") == jax_tiled.overlap.COLLECTIVE_PIECES > 1
+    assert settings(chunks=2).pieces("collectives") == 2
+    assert settings().pieces("sums") == settings().pieces("operands") == 1
+
+
+def test_the_k_ring_follows_the_devices_unless_named():
+    """k_ring None (the default): on GPUs the sums ring for a result
+    reduce-scattered over two devices, the collectives for a replicated one
+    or over more devices; on CPU devices the sums ring; a ring named is kept."""
+    ring = jax_tiled.overlap.Settings().ring
+    assert ring(2, replicated=False, gpu=True) == "sums"
+    assert ring(2, replicated=True, gpu=True) == "collectives"
+    assert ring(4, replicated=False, gpu=True) == ring(8, replicated=True, gpu=True)
+    assert ring(4, replicated=False, gpu=True) == "collectives"
+    assert {ring(d, replicated=r, gpu=False) for d in (2, 4) for r in (False, True)} == {"sums"}
+    for named in jax_tiled.overlap.K_RINGS:
+        assert jax_tiled.overlap.Settings(k_ring=named).ring(4, replicated=True, gpu=True) == named
 
 
 def test_gather_spared_sms_follow_the_barrier():
@@ -816,6 +830,21 @@ def test_cuda_all_gather_pattern_by_collectives(rng):
     assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0] + [spared] * (
         pieces - 1
     ), text
+
+
+@pytest.mark.gpu
+def test_cuda_k_split_sums_as_the_devices_say(rng):
+    """By default on two GPUs a reduce-scattered K split runs the sums ring
+    (collective-permutes) and a replicated one the collectives (all-reduces)."""
+    mesh = make_mesh("cuda", (2,), ("x",))
+    a_np, a = put(rng, mesh, (256, 512), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (512, 192), P("x"), jnp.bfloat16)
+    a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
+    bound = 3 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))  # a bfloat16 rounding a device, and one
+    for out_spec, moved in ((P("x"), {RING}), (P(), {"all-reduce"})):
+        f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
+        assert np.all(np.abs(np.asarray(f(a, b), np.float64) - a64 @ b64) <= bound), out_spec
+        assert collectives(f, a, b) == moved, out_spec
 
 
 @pytest.mark.gpu
@@ -950,7 +979,7 @@ def test_rings_are_deterministic(rng):
         (dict(spare_sms=None), TypeError, r"spare_sms must be an int, got None"),
         (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
         (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
-        (dict(k_ring="partials"), ValueError, r"k_ring must be one of 'sums', 'operands'"),
+        (dict(k_ring="partials"), ValueError, r"k_ring must be None or one of 'sums', 'operands'"),
         (
             dict(gather_ring="ring"),
             ValueError,

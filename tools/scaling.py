@@ -201,8 +201,9 @@ def main(argv=None) -> int:
         choices=("on", "off"),
         help="jax_tiled.overlap gather_barrier to time, each with each other setting (default: on)",
     )
+    # The overlap's named settings; k_ring's None (the library's choice) is "auto".
     for name, values in (
-        ("k_ring", jax_tiled.overlap.K_RINGS),
+        ("k_ring", (None, *jax_tiled.overlap.K_RINGS)),
         ("gather_ring", jax_tiled.overlap.GATHER_RINGS),
         ("k_sums", jax_tiled.overlap.K_SUMS),
     ):
@@ -210,9 +211,10 @@ def main(argv=None) -> int:
             "--" + name.replace("_", "-"),
             nargs="+",
             default=[getattr(DEFAULTS, name)],
+            type=lambda text: None if text == "auto" else text,
             choices=values,
             help=f"jax_tiled.overlap {name} to time, each with each other setting "
-            f"(default: {getattr(DEFAULTS, name)})",
+            f"(default: {getattr(DEFAULTS, name) or 'auto'})",
         )
     parser.add_argument(
         "--compiler-option",
@@ -289,7 +291,7 @@ def main(argv=None) -> int:
          + (f" gather={gather if gather is not None else 'auto'}"
             if args.gather_spare_sms != [None] else "")
          + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
-         + (f" {ring}" if args.k_ring != [DEFAULTS.k_ring] else "")
+         + (f" {ring or 'auto'}" if args.k_ring != [DEFAULTS.k_ring] else "")
          + (f" sums={sums}" if args.k_sums != [DEFAULTS.k_sums] else "")
          + (f" gather_ring={by}" if args.gather_ring != [DEFAULTS.gather_ring] else ""),
          dict(chunks=c, spare_sms=spare, gather_spare_sms=gather, k_ring=ring,
