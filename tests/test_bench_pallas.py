@@ -310,8 +310,8 @@ def test_a_row_whose_every_config_fails_is_an_error_row(tmp_path, capsys, monkey
 @pytest.mark.gpu
 def test_the_kernel_on_an_sm90_gpu_agrees_with_float64(tmp_path, on_gpu, rng):
     """On an sm_90 GPU the module must import and run: a bfloat16 row's sweep times
-    every config that fits, the fastest is reported, and its product is as close to
-    the float64 product as jnp.matmul's."""
+    every config that fits, the fastest is timed again and reported, and its product
+    is as close to the float64 product as jnp.matmul's."""
     reason = pallas.unavailable()
     if reason and "compute capability" in reason:
         pytest.skip(reason)
@@ -328,7 +328,9 @@ def test_the_kernel_on_an_sm90_gpu_agrees_with_float64(tmp_path, on_gpu, rng):
     assert row["error"] is None and row["not_applicable"] is None, row
     assert all(e["error"] is None and e["ms"] > 0 for e in row["sweep"]), row["sweep"]
     assert row["config"] in {c.name for c in pallas.CONFIGS}
-    assert row["ms"] == min(e["ms"] for e in row["sweep"]) and row["tflops"] > 0
+    # The sweep's fastest config, timed once more after the sweep (sweep_into).
+    assert row["config"] == min(row["sweep"], key=lambda e: e["ms"])["config"]
+    assert row["ms"] > 0 and row["tflops"] > 0
     tolerance = harness.agreement_tolerance("bfloat16", "default")
     allowed = max(tolerance, harness.PEER_ERR_FACTOR * peer["rel_error"])
     assert row["rel_error"] <= allowed

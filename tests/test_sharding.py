@@ -157,8 +157,15 @@ def test_sharded_product_and_gradient(platform, partitioner, rng, name):
         assert not out.sharding.is_fully_replicated
 
     used, reference_used = collectives(ours, a, b), collectives(ref, a, b)
-    if k_split:  # local products whose partial sums travel around a ring
-        assert used == {RING}, used
+    if k_split:  # local products whose partial sums are added across K's devices
+        # Every K case leaves the result replicated over K's axes: a ring of
+        # collective-permutes, or all-reduces where the library chooses its
+        # collectives (on GPUs: overlap.Settings.ring).
+        k_axes = CASES[name][3][-1]  # a's spec names K's axes last
+        k_axes = k_axes if isinstance(k_axes, tuple) else (k_axes,)
+        k_devices = math.prod(mesh.shape[x] for x in k_axes)
+        ring = jax_tiled.overlap.current().ring(k_devices, True, gpu=platform == "cuda")
+        assert used == ({RING} if ring == "sums" else {"all-reduce"}), (ring, used)
     else:
         assert not used, used
 
@@ -833,15 +840,19 @@ def test_cuda_all_gather_pattern_by_collectives(rng):
 
 
 @pytest.mark.gpu
-def test_cuda_k_split_sums_as_the_devices_say(rng):
+@pytest.mark.parametrize("devices", [2, 4])
+def test_cuda_k_split_sums_as_the_devices_say(rng, devices):
     """By default on two GPUs a reduce-scattered K split runs the sums ring
-    (collective-permutes) and a replicated one the collectives (all-reduces)."""
-    mesh = make_mesh("cuda", (2,), ("x",))
-    a_np, a = put(rng, mesh, (256, 512), P(None, "x"), jnp.bfloat16)
-    b_np, b = put(rng, mesh, (512, 192), P("x"), jnp.bfloat16)
+    (collective-permutes) and a replicated one the collectives (all-reduces);
+    on four both run the collectives (reduce-scatters, all-reduces)."""
+    mesh = make_mesh("cuda", (devices,), ("x",))
+    a_np, a = put(rng, mesh, (256, 128 * devices), P(None, "x"), jnp.bfloat16)
+    b_np, b = put(rng, mesh, (128 * devices, 192), P("x"), jnp.bfloat16)
     a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
-    bound = 3 * 2.0**-8 * (np.abs(a64) @ np.abs(b64))  # a bfloat16 rounding a device, and one
-    for out_spec, moved in ((P("x"), {RING}), (P(), {"all-reduce"})):
+    # a bfloat16 rounding a device, and one
+    bound = (devices + 1) * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
+    scattered = RING if devices == 2 else "reduce-scatter"
+    for out_spec, moved in ((P("x"), {scattered}), (P(), {"all-reduce"})):
         f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
         assert np.all(np.abs(np.asarray(f(a, b), np.float64) - a64 @ b64) <= bound), out_spec
         assert collectives(f, a, b) == moved, out_spec
