@@ -28,10 +28,11 @@ pieces; the others ignore it), each once per value of `--spare-sms` (the
 SMs a K ring's products leave to its transfers) and of `--gather-spare-sms`
 (the same for the all-gather ring; `auto` the library's choice), of
 `--gather-barrier` (`on` or `off`: the all-gather ring's optimization
-barrier), of `--k-ring` (what the K rings send: `sums`, `operands` or
-`collectives`), of `--k-sums` (the type the sums travel in: `accumulation`
-or `output`) and of `--gather-ring` (how the all-gather pattern gathers:
-`blocks` or `collectives`, whose pieces `--chunks` sets too);
+barrier), of `--k-ring` (how a K split sums: `sums`, `operands`,
+`collectives`, or `auto`, the library's choice by the devices), of
+`--k-sums` (the type the sums travel in: `accumulation` or `output`) and
+of `--gather-ring` (how the all-gather pattern gathers: `blocks` or
+`collectives`, whose pieces `--chunks` sets too);
 `--no-overlap` adds a row with the overlap turned off. `--compiler-option
 NAME=VALUE` compiles every program, ours and jnp's, with that XLA option.
 Every product is checked against jnp.matmul's on the same sharding and
@@ -213,6 +214,7 @@ def main(argv=None) -> int:
             default=[getattr(DEFAULTS, name)],
             type=lambda text: None if text == "auto" else text,
             choices=values,
+            metavar="{" + ",".join(value or "auto" for value in values) + "}",
             help=f"jax_tiled.overlap {name} to time, each with each other setting "
             f"(default: {getattr(DEFAULTS, name) or 'auto'})",
         )
