@@ -758,3 +758,58 @@ def test_slow_tests_table_orders_collection_slowest_first(tmp_path, monkeypatch)
         "tests/test_x.py::first",
         "tests/test_x.py::second",
     ]
+
+
+def test_chain_trace_parts_calls_and_reads_kernels_per_product():
+    """tools/chain_trace.py on made-up kernel events: calls parted at a gap,
+    span and busy time per product, a kernel's median over its launches with
+    XLA's numbered suffix dropped, and the Python tracer's frames left out of
+    the host's view."""
+    tool = load_repository_module("tools/chain_trace.py")
+    # Two calls of a two-product chain: (start, duration, name) in ns.
+    events = [
+        (0, 1000, "gemm_1"),
+        (1500, 500, "tanh_1"),
+        (2500, 1200, "gemm_2"),
+        (4000, 500, "tanh_2"),
+        (100_000, 1000, "gemm_1"),
+        (101_000, 600, "tanh_1"),
+        (102_000, 1000, "gemm_2"),
+        (103_000, 600, "tanh_2"),
+    ]
+    first, last = tool.split_calls(events)
+    assert [e[0] for e in first] == [0, 1500, 2500, 4000]
+    view = tool.device_view(last, length=2)
+    assert view["span_us"] == pytest.approx(3.6 / 2)
+    assert view["busy_us"] == pytest.approx(3.2 / 2)
+    assert view["kernels"] == 4
+    assert view["kernel_us"] == {"gemm": pytest.approx(1.0), "tanh": pytest.approx(0.6)}
+    host = [(0, 4000, "CommandBufferThunk"), (0, 9000, "$profiler.py:271 stop_trace")]
+    assert tool.host_view(host, calls=2) == {"CommandBufferThunk": pytest.approx(2.0)}
+
+
+def test_chain_trace_runs_on_cpu_devices(tmp_path, capsys):
+    """On CPU devices (no GPU plane) the tool reports the host's view and the
+    wall time of each chain, ours and jnp's, into its JSON."""
+    tool = load_repository_module("tools/chain_trace.py")
+    path = tmp_path / "chains.json"
+    argv = ["--sizes", "16", "--dtypes", "float32", "--length", "2", "--pipelined", "2"]
+    assert tool.main([*argv, "--forms", "unrolled", "scan", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["length"] == 2 and doc["pipelined"] == 2
+    rows = {(r["form"], r["weights"], r["impl"]) for r in doc["rows"]}
+    assert rows == {
+        (form, weights, impl)
+        for form, weights in (
+            ("unrolled", "stacked"),
+            ("unrolled", "separate"),
+            ("scan", "stacked"),
+        )
+        for impl in ("jnp", "ours")
+    }
+    for row in doc["rows"]:
+        assert row["device"] is None and row["wall_us"] > 0
+        assert row["host_us_per_call"] and not any(
+            n.startswith("$") for n in row["host_us_per_call"]
+        )
+    assert "wall" in capsys.readouterr().out

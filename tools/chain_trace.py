@@ -1,0 +1,225 @@
+"""Chains of small products traced: where a product's time goes, on the GPU and off it.
+
+    python3 tools/chain_trace.py [--sizes 128 256 512] [--dtypes bfloat16 float32]
+        [--forms unrolled scan] [--weights stacked separate] [--length 64]
+        [--pipelined 32] [--json chain_trace.json]
+
+On the GPU machine, with the package installed. For each chain (x = tanh(x @ w)
+repeated `--length` times in one jitted function, as `python -m jax_tiled.bench
+--chain` times it: `lax.scan` over a stack of weights or unrolled, the weights
+`w[i]` of one stack or separate arrays), ours (`jax_tiled.matmul`, auto) and
+jnp's, it reports per product:
+
+- the GPU's view: a `jax.profiler` trace of calls on the same arrays; from the
+  first device's kernels of the last call (calls parted by gaps of more than
+  20 us), the span (first kernel's start to last kernel's end, over the
+  length), the kernels' summed time and each kernel's median duration;
+- the host's view: the wall time of `--pipelined` calls dispatched back to
+  back with their outputs kept alive, as the benchmark times them (each
+  call's result a new buffer), and, from a trace of those calls, the host's
+  events that took longest (XLA's thunks and command-buffer work among
+  them), per call.
+
+A chain whose wall time is well above its span is bound outside its kernels
+(cpp/cuda/NOTES.md, "K in parts summed by XLA"). Under the profiler a
+`lax.scan`'s iterations were parted by gaps the untraced benchmark does not
+show: read its span with care.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import jax_tiled
+from jax_tiled.bench.report import write_tool_report
+
+GAP_NS = 20_000  # a longer gap between kernels parts two calls
+HOST_EVENTS = 12  # the host's longest events reported per chain
+
+
+def chain(form: str, weights: str, length: int, mm):
+    """f(x, *ws): `length` layers x = tanh(mm(x, w)); ws is one stack (L, n, n)
+    for "stacked" weights, or `length` arrays for "separate" ones."""
+
+    def layer(x, w):
+        return jnp.tanh(mm(x, w)).astype(x.dtype)
+
+    if form == "scan":
+        if weights != "stacked":
+            raise ValueError("a lax.scan takes its weights stacked")
+        return lambda x, ws: lax.scan(lambda x, w: (layer(x, w), None), x, ws)[0]
+
+    def unrolled(x, *ws):
+        each = [ws[0][i] for i in range(length)] if weights == "stacked" else ws
+        for w in each:
+            x = layer(x, w)
+        return x
+
+    return unrolled
+
+
+def trace_events(fn, args, calls: int):
+    """The xplane of `calls` calls of fn(*args) under jax.profiler, as
+    (device events, host events): (start_ns, duration_ns, name) sorted, the
+    device's from its "Stream" lines of the first GPU, the host's from every
+    line of the host planes."""
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        outs = [fn(*args) for _ in range(calls)]
+        jax.block_until_ready(outs)
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(f"{trace_dir}/plugins/profile/*/*.xplane.pb")
+        profile = jax.profiler.ProfileData.from_file(path)
+        device, host = [], []
+        for plane in profile.planes:
+            on_gpu = plane.name.startswith("/device:GPU:0")
+            if not on_gpu and not plane.name.startswith("/host:"):
+                continue
+            for line in plane.lines:
+                if on_gpu and not line.name.startswith("Stream"):
+                    continue
+                into = device if on_gpu else host
+                into.extend((e.start_ns, e.duration_ns, e.name) for e in line.events)
+    return sorted(device), sorted(host)
+
+
+def split_calls(events, gap_ns: int = GAP_NS):
+    """Kernel events (sorted by start) parted where the device idled longer
+    than gap_ns: one list per call."""
+    calls, current, end = [], [], 0
+    for event in events:
+        start, duration, _ = event
+        if current and start - end > gap_ns:
+            calls.append(current)
+            current = []
+        end = max(end, start + duration) if current else start + duration
+        current.append(event)
+    if current:
+        calls.append(current)
+    return calls
+
+
+def kernel_name(name: str) -> str:
+    """A kernel's name without the numbered suffix XLA gives each fusion."""
+    return re.sub(r"_\d+$", "", name)[:80]
+
+
+def device_view(call, length: int) -> dict:
+    """Per product: the call's span, the kernels' summed time, each kernel's
+    median duration (kernels of fewer than `length` launches left out)."""
+    start = call[0][0]
+    end = max(s + d for s, d, _ in call)
+    durations = collections.defaultdict(list)
+    for _, duration, name in call:
+        durations[kernel_name(name)].append(duration)
+    return dict(
+        span_us=(end - start) / 1e3 / length,
+        busy_us=sum(d for _, d, _ in call) / 1e3 / length,
+        kernels=len(call),
+        kernel_us={
+            name: statistics.median(values) / 1e3
+            for name, values in durations.items()
+            if len(values) >= length
+        },
+    )
+
+
+def host_view(events, calls: int, most: int = HOST_EVENTS) -> dict:
+    """The host events that took longest in total, in us per call; not the
+    Python tracer's frames (named "$file:line function"), the profiler's own
+    among them."""
+    totals = collections.Counter()
+    for _, duration, name in events:
+        if not name.startswith("$"):
+            totals[name[:100]] += duration
+    return {name: total / 1e3 / calls for name, total in totals.most_common(most)}
+
+
+def pipelined_wall_us(fn, args, calls: int, length: int) -> float:
+    """Median over 5 samples of the wall time per product of `calls` calls
+    dispatched back to back, their outputs kept until the last is done."""
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        outs = [fn(*args) for _ in range(calls)]
+        jax.block_until_ready(outs)
+        samples.append((time.perf_counter() - start) / calls / length * 1e6)
+        del outs
+    return statistics.median(samples)
+
+
+def measure(form, weights, size, dtype, length, pipelined, impl) -> dict:
+    mm = jax_tiled.matmul if impl == "ours" else jnp.matmul
+    key = jax.random.key(size)
+    x = jax.random.normal(key, (size, size), dtype)
+    stack = jax.random.normal(jax.random.fold_in(key, 1), (length, size, size), dtype)
+    ws = (stack * (1.5 / size**0.5)).astype(dtype)
+    args = (x, ws) if weights == "stacked" else (x, *[ws[i] + 0 for i in range(length)])
+    fn = jax.jit(chain(form, weights, length, mm))
+    device, _ = trace_events(fn, args, calls=5)
+    # No GPU (CPU devices): the host's view only.
+    row = dict(device=device_view(split_calls(device)[-1], length) if device else None)
+    row["wall_us"] = pipelined_wall_us(fn, args, pipelined, length)
+    _, host = trace_events(fn, args, calls=pipelined)
+    row["host_us_per_call"] = host_view(host, pipelined)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tools/chain_trace.py", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[128, 256, 512])
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--forms", nargs="+", choices=("unrolled", "scan"), default=["unrolled"])
+    p.add_argument(
+        "--weights", nargs="+", choices=("stacked", "separate"), default=["stacked", "separate"]
+    )
+    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--pipelined", type=int, default=32, help="calls a wall-time sample holds")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    rows = []
+    for dtype in args.dtypes:
+        for size in args.sizes:
+            for form in args.forms:
+                for weights in args.weights:
+                    if form == "scan" and weights != "stacked":
+                        continue
+                    for impl in ("jnp", "ours"):
+                        row = dict(form=form, weights=weights, size=size, dtype=dtype, impl=impl)
+                        row.update(
+                            measure(form, weights, size, dtype, args.length, args.pipelined, impl)
+                        )
+                        rows.append(row)
+                        d = row["device"]
+                        on_gpu = (
+                            f"span {d['span_us']:6.2f} busy {d['busy_us']:6.2f} "
+                            f"({d['kernels']} kernels) "
+                            if d
+                            else ""
+                        )
+                        print(
+                            f"{form:8} {weights:8} {size:4} {dtype:8} {impl:4} {on_gpu}"
+                            f"wall {row['wall_us']:6.2f} us/product",
+                            flush=True,
+                        )
+                        for name, us in list(row["host_us_per_call"].items())[:5]:
+                            print(f"      host {us:8.1f} us/call  {name}")
+    if args.json:
+        write_tool_report(args.json, argv, length=args.length, pipelined=args.pipelined, rows=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
