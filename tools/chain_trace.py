@@ -35,35 +35,33 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-import jax_tiled
+from jax_tiled.bench.chains import chain_fn, make_chain_inputs
+from jax_tiled.bench.harness import PEER, matmul_fn
 from jax_tiled.bench.report import write_tool_report
+from jax_tiled.bench.timing import pipelined_samples
 
 GAP_NS = 20_000  # a longer gap between kernels parts two calls
 HOST_EVENTS = 12  # the host's longest events reported per chain
 
 
-def chain(form: str, weights: str, length: int, mm):
-    """f(x, *ws): `length` layers x = tanh(mm(x, w)); ws is one stack (L, n, n)
-    for "stacked" weights, or `length` arrays for "separate" ones."""
-
-    def layer(x, w):
-        return jnp.tanh(mm(x, w)).astype(x.dtype)
-
+def chain(form: str, weights: str, length: int, impl: str):
+    """f(x, *ws): the benchmark's chain (`bench.chains.chain_fn`, DEFAULT) for
+    stacked weights, ws one stack (L, n, n); for "separate" weights the same
+    layers over `length` arrays."""
+    kernel = PEER if impl == "jnp" else "auto"
+    if weights == "stacked":
+        return chain_fn(form, length, "default", kernel)
     if form == "scan":
-        if weights != "stacked":
-            raise ValueError("a lax.scan takes its weights stacked")
-        return lambda x, ws: lax.scan(lambda x, w: (layer(x, w), None), x, ws)[0]
+        raise ValueError("a lax.scan takes its weights stacked")
+    mm = matmul_fn("default", kernel)
 
     def unrolled(x, *ws):
-        each = [ws[0][i] for i in range(length)] if weights == "stacked" else ws
-        for w in each:
-            x = layer(x, w)
+        for w in ws:
+            x = jnp.tanh(mm(x, w)).astype(x.dtype)
         return x
 
     return unrolled
@@ -147,31 +145,16 @@ def host_view(events, calls: int, most: int = HOST_EVENTS) -> dict:
     return {name: total / 1e3 / calls for name, total in totals.most_common(most)}
 
 
-def pipelined_wall_us(fn, args, calls: int, length: int) -> float:
-    """Median over 5 samples of the wall time per product of `calls` calls
-    dispatched back to back, their outputs kept until the last is done."""
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        outs = [fn(*args) for _ in range(calls)]
-        jax.block_until_ready(outs)
-        samples.append((time.perf_counter() - start) / calls / length * 1e6)
-        del outs
-    return statistics.median(samples)
-
-
 def measure(form, weights, size, dtype, length, pipelined, impl) -> dict:
-    mm = jax_tiled.matmul if impl == "ours" else jnp.matmul
-    key = jax.random.key(size)
-    x = jax.random.normal(key, (size, size), dtype)
-    stack = jax.random.normal(jax.random.fold_in(key, 1), (length, size, size), dtype)
-    ws = (stack * (1.5 / size**0.5)).astype(dtype)
+    ((x, ws),) = make_chain_inputs(size, length, jnp.dtype(dtype), seed=0)
     args = (x, ws) if weights == "stacked" else (x, *[ws[i] + 0 for i in range(length)])
-    fn = jax.jit(chain(form, weights, length, mm))
+    fn = jax.jit(chain(form, weights, length, impl))
     device, _ = trace_events(fn, args, calls=5)
     # No GPU (CPU devices): the host's view only.
     row = dict(device=device_view(split_calls(device)[-1], length) if device else None)
-    row["wall_us"] = pipelined_wall_us(fn, args, pipelined, length)
+    # As the benchmark times it: calls dispatched back to back, outputs kept.
+    samples = pipelined_samples(fn, args, calls=pipelined, repeats=5)
+    row["wall_us"] = statistics.median(samples) / length * 1e6
     _, host = trace_events(fn, args, calls=pipelined)
     row["host_us_per_call"] = host_view(host, pipelined)
     return row
