@@ -187,6 +187,22 @@ def explain(
             _ffi.cuda_multiprocessors(),
             run.precision,
         )
+        parts = _lowering.k_parts_summed_by_xla(
+            platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
+        )
+        if parts > 1:
+            m, n, k = problem[2:5]
+            chosen, reason, plan = _ffi.cuda_explain(
+                run.operand_dtype.name,
+                "float32",
+                (parts, parts, m, n, k // parts, *problem[5:]),
+                _ffi.cuda_multiprocessors(),
+                run.precision,
+            )
+            reason = (
+                f"K cut into {parts} parts of {k // parts}, one batched product of them "
+                f"whose sum XLA adds (fused with what follows); " + reason
+            )
         if padded:
             m, n, k = problem[2:5]
             pm, pn, pk = padded

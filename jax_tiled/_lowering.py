@@ -368,6 +368,81 @@ def _padded(a, b, padded, transpose_a, transpose_b):
     return pad(a, a_to), pad(b, b_to)
 
 
+# Small products in parts of K summed by XLA (k_parts_summed_by_xla): the
+# counts of parts tried, fewest first, the most bytes of K a part is given,
+# and the sizes the rule holds for (measured on one H100, 2026-11-27:
+# cpp/cuda/NOTES.md, "K in parts summed by XLA").
+XLA_K_PARTS = (2, 4, 8)
+XLA_K_PART_BYTES = 256
+XLA_K_PARTS_SIZES = (256, 512)
+
+
+def k_parts_summed_by_xla(platform, kernel, operand_dtype, product_dtype, precision, problem):
+    """How many parts of K `auto` cuts a small float32 product into (1: none),
+    each part a product of its own in one batched call into float32, their
+    sum left to XLA: XLA fuses the sum and the elementwise work after it (an
+    activation) into one kernel, and the regrouping of a non-transposed `a`
+    into the kernel that made it, where K whole in one call left most SMs
+    idle. On an H100, chains of x = tanh(x @ w) in lax.scan ran 9.4 and 14.8
+    us a product at 256^2 and 512^2 where K whole took 12.2 and 19.3 (jnp 6.9
+    and 11.9); unrolled, 10.7 where K whole took 17.3 at 512^2. Not for
+    16-bit operands, nor below 256: there the parts' extra nodes cost XLA's
+    command buffers more than the parts saved (cpp/cuda/NOTES.md, "K in parts
+    summed by XLA"). For one unbatched product (batch_a = batch_b = 1) on a
+    Hopper GPU at DEFAULT precision (TF32) with float32 operands and result,
+    m, n and k within XLA_K_PARTS_SIZES: the fewest parts of XLA_K_PARTS each
+    at most XLA_K_PART_BYTES of K deep, in whole 16-byte lines; not where the
+    operands are padded for the copy engine or b is copied K-major
+    (padding_for_the_copy_engine, copies_b_k_major). Forced kernels and
+    symbolic dimensions run K whole."""
+    if platform != "cuda" or kernel != "auto" or _ffi.cuda_compute_capability() != _ffi.HOPPER:
+        return 1
+    if not all(isinstance(d, (int, np.integer)) for d in problem[:5]):
+        return 1
+    batch_a, batch_b, m, n, k, _, _ = problem
+    operand, product = np.dtype(operand_dtype), np.dtype(product_dtype)
+    smallest, largest = XLA_K_PARTS_SIZES
+    if (
+        (batch_a, batch_b) != (1, 1)
+        or precision != lax.Precision.DEFAULT
+        or operand != np.float32
+        or product != np.float32
+        or not all(smallest <= d <= largest for d in (m, n, k))
+    ):
+        return 1
+    line = COPY_ENGINE_ROW_BYTES // operand.itemsize
+    parts = next(
+        (
+            p
+            for p in XLA_K_PARTS
+            if k % p == 0 and k // p % line == 0 and k // p * operand.itemsize <= XLA_K_PART_BYTES
+        ),
+        1,
+    )
+    laid_otherwise = (padding_for_the_copy_engine, copies_b_k_major)
+    if parts > 1 and any(
+        rule(platform, kernel, operand_dtype, product_dtype, precision, problem)
+        for rule in laid_otherwise
+    ):
+        return 1
+    return parts
+
+
+def in_k_parts(a, b, parts, transpose_a, transpose_b):
+    """Canonical operands (1, rows, cols) as `parts` products along K: a batch
+    of `parts` (a's K-th part with b's). Reshapes where K is the operand's
+    leading axis (a stored (k, m), b stored (k, n)), a transpose otherwise."""
+    (_, *a_dims), (_, *b_dims) = a.shape, b.shape
+
+    def split(x, dims, k_leading):
+        rows, cols = dims
+        if k_leading:  # (k, x): each part is rows of it
+            return x.reshape(parts, rows // parts, cols)
+        return x.reshape(rows, parts, cols // parts).transpose(1, 0, 2)
+
+    return split(a, a_dims, transpose_a), split(b, b_dims, not transpose_b)
+
+
 def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, precision, kernel):
     available = _ffi.kernel_names(platform)
     if kernel != "auto" and kernel not in available:
@@ -428,12 +503,22 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
             platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
         )
 
+    # K in parts summed by XLA. The rule refuses a product whose b is copied
+    # K-major when asked of the problem as given (as explain asks it); here
+    # the problem is b's copy's, so the copy is tested first.
+    parts = 1
+    if not copy_b and _compat.lowers_for_one_device(ctx):
+        parts = k_parts_summed_by_xla(
+            platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
+        )
+
     # Slices of stacked arrays read in place: on one device only (a stack's
     # sharding is the partitioner's business), where the operand's dtype is
     # the kernel's (a cast would convert the whole stack), and where the
-    # kernel reads it so; not where the operands are padded (copied anyway).
+    # kernel reads it so; not where the operands are padded (copied anyway)
+    # or taken in parts of K.
     stacks = [None, None]
-    if not wide and padded is None and _compat.lowers_for_one_device(ctx):
+    if not wide and padded is None and parts == 1 and _compat.lowers_for_one_device(ctx):
         for i, (value, aval) in enumerate(zip((a, b), ctx.avals_in)):
             if np.dtype(aval.dtype) == run.operand_dtype and not (i == 1 and copy_b):
                 stacks[i] = _stacked_source(value, aval)
@@ -450,6 +535,10 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
             if padded:
                 a, b = _padded(a, b, padded, transpose_a, transpose_b)
                 out = _partitioned_product(a, b, product)[:, :m, :n]
+            elif parts > 1:
+                # The rule takes float32 results only: the parts' sum is the result.
+                a, b = in_k_parts(a, b, parts, transpose_a, transpose_b)
+                out = ffi_product(a, b, product, product.out_dtype).sum(0, keepdims=True)
             elif wide:
                 # The partitioning callbacks trace later, with float64 off again:
                 # the bare call instead (XLA gathers sharded operands for it).
