@@ -811,7 +811,7 @@ def test_chain_trace_reports_each_chain(tmp_path, capsys):
     }
     on_gpu = jax.default_backend() == "gpu"
     for row in doc["rows"]:
-        assert row["wall_us"] > 0
+        assert 0 < row["dispatch_us"] <= row["wall_us"] and row["serial_us"] > 0
         if on_gpu:
             assert row["device"]["span_us"] > 0 and row["device"]["kernels"] >= 2, row
         else:
@@ -820,3 +820,16 @@ def test_chain_trace_reports_each_chain(tmp_path, capsys):
             n.startswith("$") for n in row["host_us_per_call"]
         )
     assert "wall" in capsys.readouterr().out
+
+
+def test_chain_trace_without_traces_times_each_chain(tmp_path):
+    """--no-trace: the timings alone, for every chain, no views from traces."""
+    tool = load_repository_module("tools/chain_trace.py")
+    path = tmp_path / "chains.json"
+    argv = ["--sizes", "16", "--dtypes", "bfloat16", "--length", "2", "--pipelined", "2"]
+    assert tool.main([*argv, "--forms", "scan", "--no-trace", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {row["impl"] for row in rows} == {"jnp", "ours"}
+    for row in rows:
+        assert row["device"] is None and row["host_us_per_call"] is None
+        assert 0 < row["dispatch_us"] <= row["wall_us"] and row["serial_us"] > 0

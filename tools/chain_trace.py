@@ -2,7 +2,7 @@
 
     python3 tools/chain_trace.py [--sizes 128 256 512] [--dtypes bfloat16 float32]
         [--forms unrolled scan] [--weights stacked separate] [--length 64]
-        [--pipelined 32] [--json chain_trace.json]
+        [--pipelined 32] [--no-trace] [--json chain_trace.json]
 
 On the GPU machine, with the package installed. For each chain (x = tanh(x @ w)
 repeated `--length` times in one jitted function, as `python -m jax_tiled.bench
@@ -16,9 +16,15 @@ jnp's, it reports per product:
   length), the kernels' summed time and each kernel's median duration;
 - the host's view: the wall time of `--pipelined` calls dispatched back to
   back with their outputs kept alive, as the benchmark times them (each
-  call's result a new buffer), and, from a trace of those calls, the host's
-  events that took longest (XLA's thunks and command-buffer work among
-  them), per call.
+  call's result a new buffer; median of 7 samples), the host's time to
+  dispatch them, the time of one call blocked on ("serial"), and, from a
+  trace of those calls, the host's events that took longest (XLA's thunks
+  and command-buffer work among them), per call.
+
+`--no-trace` leaves the traces out (the timings only: quicker, and what
+compares XLA flags, set in XLA_FLAGS per process). Under the profiler XLA
+runs op by op, without its command buffers, unless XLA_FLAGS has
+--xla_enable_command_buffers_during_profiling=true.
 
 A chain whose wall time is well above its span is bound outside its kernels
 (cpp/cuda/NOTES.md, "K in parts summed by XLA"). Under the profiler a
@@ -35,6 +41,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +49,11 @@ import jax.numpy as jnp
 from jax_tiled.bench.chains import chain_fn, make_chain_inputs
 from jax_tiled.bench.harness import PEER, matmul_fn
 from jax_tiled.bench.report import write_tool_report
-from jax_tiled.bench.timing import pipelined_samples
+from jax_tiled.bench.timing import pipelined_times
 
 GAP_NS = 20_000  # a longer gap between kernels parts two calls
 HOST_EVENTS = 12  # the host's longest events reported per chain
+SAMPLES = 7  # pipelined samples, and serial calls twice as many, a chain
 
 
 def chain(form: str, weights: str, length: int, impl: str):
@@ -145,18 +153,38 @@ def host_view(events, calls: int, most: int = HOST_EVENTS) -> dict:
     return {name: total / 1e3 / calls for name, total in totals.most_common(most)}
 
 
-def measure(form, weights, size, dtype, length, pipelined, impl) -> dict:
+def timings(fn, args, length: int, pipelined: int) -> dict:
+    """Microseconds a product: wall and dispatch of `pipelined` calls as the
+    benchmark times them (calls dispatched back to back, outputs kept;
+    bench.timing.pipelined_times), and one call blocked on."""
+    jax.block_until_ready([fn(*args) for _ in range(pipelined)])
+    dispatch, wall = zip(*(pipelined_times(fn, args, calls=pipelined) for _ in range(SAMPLES)))
+    serial = []
+    for _ in range(2 * SAMPLES):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        serial.append(time.perf_counter() - start)
+    per_product = 1e6 / length
+    return dict(
+        wall_us=statistics.median(wall) * per_product,
+        dispatch_us=statistics.median(dispatch) * per_product,
+        serial_us=statistics.median(serial) * per_product,
+    )
+
+
+def measure(form, weights, size, dtype, length, pipelined, impl, trace=True) -> dict:
     ((x, ws),) = make_chain_inputs(size, length, jnp.dtype(dtype), seed=0)
     args = (x, ws) if weights == "stacked" else (x, *[ws[i] + 0 for i in range(length)])
     fn = jax.jit(chain(form, weights, length, impl))
-    device, _ = trace_events(fn, args, calls=5)
-    # No GPU (CPU devices): the host's view only.
-    row = dict(device=device_view(split_calls(device)[-1], length) if device else None)
-    # As the benchmark times it: calls dispatched back to back, outputs kept.
-    samples = pipelined_samples(fn, args, calls=pipelined, repeats=5)
-    row["wall_us"] = statistics.median(samples) / length * 1e6
-    _, host = trace_events(fn, args, calls=pipelined)
-    row["host_us_per_call"] = host_view(host, pipelined)
+    row = dict(device=None, host_us_per_call=None)
+    if trace:
+        device, _ = trace_events(fn, args, calls=5)
+        # No GPU (CPU devices): the host's view only.
+        row["device"] = device_view(split_calls(device)[-1], length) if device else None
+    row.update(timings(fn, args, length, pipelined))
+    if trace:
+        _, host = trace_events(fn, args, calls=pipelined)
+        row["host_us_per_call"] = host_view(host, pipelined)
     return row
 
 
@@ -170,6 +198,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--pipelined", type=int, default=32, help="calls a wall-time sample holds")
+    p.add_argument("--no-trace", action="store_true", help="the timings only, no profiler traces")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     rows = []
@@ -182,7 +211,16 @@ def main(argv=None) -> int:
                     for impl in ("jnp", "ours"):
                         row = dict(form=form, weights=weights, size=size, dtype=dtype, impl=impl)
                         row.update(
-                            measure(form, weights, size, dtype, args.length, args.pipelined, impl)
+                            measure(
+                                form,
+                                weights,
+                                size,
+                                dtype,
+                                args.length,
+                                args.pipelined,
+                                impl,
+                                trace=not args.no_trace,
+                            )
                         )
                         rows.append(row)
                         d = row["device"]
@@ -194,10 +232,11 @@ def main(argv=None) -> int:
                         )
                         print(
                             f"{form:8} {weights:8} {size:4} {dtype:8} {impl:4} {on_gpu}"
-                            f"wall {row['wall_us']:6.2f} us/product",
+                            f"wall {row['wall_us']:6.2f} dispatch {row['dispatch_us']:6.2f} "
+                            f"serial {row['serial_us']:6.2f} us/product",
                             flush=True,
                         )
-                        for name, us in list(row["host_us_per_call"].items())[:5]:
+                        for name, us in list((row["host_us_per_call"] or {}).items())[:5]:
                             print(f"      host {us:8.1f} us/call  {name}")
     if args.json:
         write_tool_report(args.json, argv, length=args.length, pipelined=args.pipelined, rows=rows)
