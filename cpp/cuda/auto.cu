@@ -11,7 +11,7 @@ const KernelDescriptor& Kernel(const char* name) { return *FindKernel(name); }
 bool IsSixteenBit(Dtype t) { return t == Dtype::kF16 || t == Dtype::kBF16; }
 
 // A product too small for the Hopper kernel's 128-wide tiles to pay: mma's
-// tiles of C (64 x 64 here) take at most half the SMs, all at once, and a row
+// tiles of C (64 x 64 or 32 x 32 here) take at most half the SMs, all at once, and a row
 // of A (a column of B) is at most 1 KB, where mma's pipeline is short. There
 // wgmma runs one 128 x 128 tile per SM or splits K across a cluster, whose
 // reduction costs more than the product: 256^3 bfloat16 took 8.5 us on

@@ -11,8 +11,9 @@ namespace {
 
 // The block shapes depend neither on the input type nor on 3xTF32.
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return MmaUsesLargeBlocks(p.dims, device.multiprocessors) ? PlanOf<MmaLarge<float>>()
-                                                            : PlanOf<MmaSmall<float>>();
+  if (MmaUsesLargeBlocks(p.dims, device.multiprocessors)) return PlanOf<MmaLarge<float>>();
+  if (MmaUsesTinyBlocks(p.dims, device.multiprocessors)) return PlanOf<MmaTiny<float>>();
+  return PlanOf<MmaSmall<float>>();
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,

@@ -555,6 +555,14 @@ using MmaSmall = MmaConfig<In, 2, 2, 32, 32, 64 / sizeof(In), 4,
                            : sizeof(In) == 2 ? 3
                                              : 4>;
 
+// 32 x 32 blocks of 2 x 2 warps of 16 x 16 (20 KB), for a product whose
+// 64 x 64 tiles would take a few SMs, each running its whole K in series
+// while the others idle: four times the blocks, a quarter of each one's
+// mma.sync a slab (NOTES.md, "mma's small tiles"). As many blocks an SM as
+// MmaSmall's.
+template <class In, bool kSplit = false>
+using MmaTiny = MmaConfig<In, 2, 2, 16, 16, 64 / sizeof(In), 4, MmaSmall<In, kSplit>::kMinBlocks>;
+
 // The block shapes do not depend on the input type, nor on kSplit.
 inline bool MmaUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
   using Large = MmaLarge<float>;
@@ -562,6 +570,15 @@ inline bool MmaUsesLargeBlocks(const MatmulDims& dims, int multiprocessors) {
                     MmaLarge<float, true>::kBlockN == Large::kBlockN,
                 "split blocks are the same shape");
   return TileOrder<Large::kBlockM, Large::kBlockN>(dims).count >= 2 * multiprocessors;
+}
+
+// Tiny blocks where their tiles take at most half the SMs: then the 64 x 64
+// ones take at most an eighth, and auto's test for a small product
+// (auto.cu, SmallForMma: the plan's tiles on at most half the SMs) says
+// what it said of those.
+inline bool MmaUsesTinyBlocks(const MatmulDims& dims, int multiprocessors) {
+  using Tiny = MmaTiny<float>;
+  return 2 * TileOrder<Tiny::kBlockM, Tiny::kBlockN>(dims).count <= multiprocessors;
 }
 
 // Whether every stored row of an operand that the kernel reads starts 16-byte
@@ -612,18 +629,19 @@ cudaError_t LaunchMmaSync(const LaunchPlan& plan, const MatmulDims& dims, const 
                       ChunkAligned(b, dims.ldb, dims.transpose_b ? dims.n : dims.k,
                                    dims.b_batch_stride, dims.batch, b_stack);
   const bool pairs = RowsAligned(dims, out, 2 * sizeof(Out));
-  return WithConfig<MmaLarge<In, kSplit>, MmaSmall<In, kSplit>>(plan, [&](auto cfg) {
-    using Cfg = decltype(cfg);
-    return WithMmaFlag(!dims.transpose_a, [&](auto a_k_major) {
-      return WithMmaFlag(dims.transpose_b, [&](auto b_k_major) {
-        return WithMmaFlag(vector, [&](auto vector_copies) {
-          return LaunchMmaSyncWith<Cfg, decltype(a_k_major)::value, decltype(b_k_major)::value,
-                                   decltype(vector_copies)::value, kSplit>(dims, a, b, out, stream,
-                                                                           pairs, a_stack, b_stack);
+  return WithConfig<MmaLarge<In, kSplit>, MmaSmall<In, kSplit>, MmaTiny<In, kSplit>>(
+      plan, [&](auto cfg) {
+        using Cfg = decltype(cfg);
+        return WithMmaFlag(!dims.transpose_a, [&](auto a_k_major) {
+          return WithMmaFlag(dims.transpose_b, [&](auto b_k_major) {
+            return WithMmaFlag(vector, [&](auto vector_copies) {
+              return LaunchMmaSyncWith<Cfg, decltype(a_k_major)::value, decltype(b_k_major)::value,
+                                       decltype(vector_copies)::value, kSplit>(
+                  dims, a, b, out, stream, pairs, a_stack, b_stack);
+            });
+          });
         });
       });
-    });
-  });
 }
 
 inline constexpr Takes kMmaTakes = [] {
