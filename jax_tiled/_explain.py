@@ -58,7 +58,7 @@ def kernels(
     out_dtype = dtype if out_dtype is None else np.dtype(out_dtype)
     if dtype not in _canonical.SUPPORTED_DTYPES or out_dtype not in _canonical.SUPPORTED_DTYPES:
         return []  # no kernel computes it: integer operands are promoted to a float first
-    run = _presets.resolve(platform, precision, dtype, out_dtype, "jax_tiled.kernels")
+    run = _presets.resolve(platform, precision, dtype, out_dtype, "jax_tiled.kernels").kernel_run()
     return [
         name
         for name in names
@@ -143,10 +143,14 @@ def explain(
     request, flags = captured["request"], captured["flags"]
     _, m, n, k = _canonical.problem_dims(a3.shape, b3.shape, *flags)
     problem = (a3.shape[0], b3.shape[0], m, n, k, *flags)
-    run = _presets.resolve(platform, request.precision, a3.dtype, request.out_dtype, API)
+    preset_run = _presets.resolve(platform, request.precision, a3.dtype, request.out_dtype, API)
     runs_as = (
-        run.describe(a3.dtype, request.out_dtype) if _presets.is_preset(request.precision) else ""
+        preset_run.describe(a3.dtype, request.out_dtype)
+        if _presets.is_preset(request.precision)
+        else ""
     )
+    # The kernel's own product: an emulation preset's is of the parts, over a longer K.
+    run, kernel_problem = preset_run.kernel_run(), preset_run.kernel_problem(problem)
     found = dict(
         platform=platform,
         problem=problem,
@@ -157,14 +161,14 @@ def explain(
     )
     if kernel != "auto":
         check_kernel_runs(
-            platform, kernel, run.operand_dtype, run.product_dtype, problem, run.precision
+            platform, kernel, run.operand_dtype, run.product_dtype, kernel_problem, run.precision
         )
         plan = ""
         if platform == "cpu":
             plan = _cpu_plan(run.operand_dtype, run.product_dtype)
         elif platform == "cuda" and _ffi.cuda_module_built():
             forced = _ffi.cuda_plan(
-                kernel, run.operand_dtype, run.product_dtype, problem, run.precision
+                kernel, run.operand_dtype, run.product_dtype, kernel_problem, run.precision
             )
             plan = forced.text if forced else ""
         return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan=plan)
@@ -177,13 +181,14 @@ def explain(
             plan=_cpu_plan(run.operand_dtype, run.product_dtype),
         )
     if platform == "cuda" and _ffi.cuda_module_built():
-        padded = _lowering.padding_for_the_copy_engine(
+        # Parts laid along K (an emulation preset) are lowered unpadded.
+        padded = kernel_problem == problem and _lowering.padding_for_the_copy_engine(
             platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
         )
         chosen, reason, plan = _ffi.cuda_explain(
             run.operand_dtype.name,
             run.product_dtype.name,
-            (*problem[:2], *padded, *problem[5:]) if padded else problem,
+            (*problem[:2], *padded, *problem[5:]) if padded else kernel_problem,
             _ffi.cuda_multiprocessors(),
             run.precision,
         )

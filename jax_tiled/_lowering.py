@@ -14,7 +14,8 @@ package was built with nvcc), the lowering rule
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
    of the operands and the result around a product at one of the kernels'
-   precision modes;
+   precision modes, or, for an emulation preset, the product of the
+   operands' parts laid along K (`_lower_split`);
 3. describes the call as a static `Product` (FFI target, transpose flags,
    output dtype, precision code, kernel name);
 4. lowers `ffi_product` behind `_sharding.partitioned`, so that under `jit`
@@ -454,6 +455,8 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # A preset becomes casts around a product at one of the kernels' modes, for
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, ctx.avals_in[0].dtype, out_aval.dtype)
+    if run.split is not None:
+        return _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel)
     # Operands that are transposes, read as stored where reads_as_stored.
     given = [(a, ctx.avals_in[0], transpose_a), (b, ctx.avals_in[1], transpose_b)]
     folds = [_stored_form(*operand) for operand in given]
@@ -550,6 +553,33 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     with _presets.wide_types(run):
         (out,) = mlir.lower_fun(partitioned, multiple_results=False)(ctx, a, b)
     # Under explicit axes, keep the sharding that abstract evaluation promised.
+    return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
+
+
+def _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel):
+    """An emulation preset's product (`_presets.Split`): the operands' parts
+    laid along K, then the product of the parts as a product of its own, at
+    the kernel precision the parts take; its lowering (this rule, for a
+    lax.Precision) reads layouts, partitions and picks the kernel as for any
+    product. XLA fuses the split of each operand into one pass."""
+
+    def split_product(a, b):
+        with jax.named_scope("tiled_matmul_split"):
+            a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
+            parts_a = _presets.split_operand(a, run.split, 0, -2 if transpose_a else -1)
+            parts_b = _presets.split_operand(b, run.split, 1, -1 if transpose_b else -2)
+            out = tiled_matmul_p.bind(
+                parts_a,
+                parts_b,
+                transpose_a=transpose_a,
+                transpose_b=transpose_b,
+                out_dtype=run.product_dtype,
+                precision=run.split.precision,
+                kernel=kernel,
+            )
+            return lax.convert_element_type(out, out_aval.dtype)
+
+    (out,) = mlir.lower_fun(split_product, multiple_results=False)(ctx, a, b)
     return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
 
 

@@ -32,16 +32,123 @@ BF16 = np.dtype(jnp.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
+class Split:
+    """A float32 product computed from narrower parts of its operands, as XLA's
+    emulation presets define it: each operand x = p0 + p1 (+ p2), p0 = x rounded
+    to `part`, each next part the rest rounded so; of the products of parts,
+    those in `terms` ((i, j): a's part i times b's part j) are kept.
+
+    They run as one product of `part` operands over K x len(terms): each
+    operand's parts are laid side by side along K (`split_operand`), so one
+    kernel call and one float32 accumulator sum them all, with no pass to
+    add partial products. Special values: a non-finite x keeps p0 and has
+    zero lower parts, and p0 enters only the (0, 0) term as it is; in the
+    other terms a non-finite p0 counts as zero, so inf * (a part that is 0)
+    cannot make a NaN where the exact product is infinite (XLA's emulations
+    add the products of lower parts apart and drop their NaNs instead). The
+    parts are computed in float32's bits, so bfloat16 parts are exact in
+    bfloat16 and TF32 ones pass the TF32 kernel's rounding unchanged.
+
+    part: "bfloat16", or "tf32" (float32 storage of TF32 values: the TF32
+      kernel rounds operands to TF32, which leaves p0 exact).
+    dropped: a bound on |a b - (the kept terms)| / |a b| for one pair of
+      operands (the parts' own rounding and the terms left out)."""
+
+    part: str
+    parts: int
+    terms: tuple[tuple[int, int], ...]
+    dropped: float
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The parts' storage dtype, the operands of the kernel's product."""
+        return BF16 if self.part == "bfloat16" else F32
+
+    @property
+    def precision(self) -> lax.Precision:
+        """The kernel precision the parts' product runs at: DEFAULT (for
+        float32 storage, one TF32 pass)."""
+        return lax.Precision.DEFAULT
+
+    def describe(self) -> str:
+        names = ("hi", "mid", "lo") if self.parts == 3 else ("hi", "lo")
+        terms = ", ".join(f"{names[i]}*{names[j]}" for i, j in self.terms)
+        return (
+            f"operands split into {self.parts} {self.part} parts, {len(self.terms)} "
+            f"products of parts ({terms}) summed as one {self.part} product over "
+            f"K x {len(self.terms)}"
+        )
+
+
+# The first part is x rounded to nearest (|x - p0| <= 2^-8 |x| for bfloat16's 8
+# significant bits, 2^-11 for TF32's 11); each lower part the rest truncated
+# toward zero, so that every partial sum of the parts lies between p0 and x,
+# and a finite x, however near float32's limit, never sums past it (the rest
+# rounded to nearest could). `dropped` from those: what the parts leave of x
+# and the terms left out (lo*lo for X3; mid*lo, lo*mid, lo*lo for X6; X9
+# keeps every term of parts that hold x exactly).
+BF16_X3 = Split("bfloat16", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-13)
+BF16_X6 = Split("bfloat16", 3, ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)), 2.0**-20)
+BF16_X9 = Split("bfloat16", 3, tuple((i, j) for i in range(3) for j in range(3)), 2.0**-21)
+TF32_X3 = Split("tf32", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-19)
+
+# Per part type: the bits it keeps of a float32, and the largest finite part's bits.
+_PART_MASK = {"bfloat16": 0xFFFF0000, "tf32": 0xFFFFE000}
+_PART_MAX = {"bfloat16": 0x7F7F0000, "tf32": 0x7F7FE000}
+
+
+def _round_part(x, part: str, *, toward_zero: bool):
+    """x (float32) rounded to a `part` value, as float32: toward zero, or to
+    nearest even, where a finite x that would round past the largest part
+    gets the largest part instead of inf (its rest then stays finite)."""
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    if not toward_zero:  # half the dropped bits' range, and ties to even
+        dropped = ~_PART_MASK[part] & 0xFFFFFFFF
+        lowest_kept = (bits >> (dropped.bit_length())) & 1
+        bits = bits + jnp.uint32(dropped >> 1) + lowest_kept
+    rounded = lax.bitcast_convert_type(bits & jnp.uint32(_PART_MASK[part]), F32)
+    rounded = jnp.where(jnp.isfinite(x), rounded, x)  # inf and NaN as they are
+    largest = np.array(_PART_MAX[part], np.uint32).view(np.float32)
+    return jnp.where(jnp.isinf(rounded) & jnp.isfinite(x), jnp.sign(x) * largest, rounded)
+
+
+def split_operand(x, split: Split, side: int, k_axis: int):
+    """x (float32) as its parts laid along K: axis `k_axis` of length K becomes
+    K x len(split.terms), entry k * len(terms) + t holding the part that term t
+    takes from this operand (`side` 0 for a, 1 for b), in `split.dtype`."""
+    parts, rest = [], x
+    for i in range(split.parts):
+        parts.append(_round_part(rest, split.part, toward_zero=i > 0))
+        rest = rest - parts[-1]
+    finite = jnp.isfinite(x)
+    lower = [jnp.where(finite, p, 0) for p in parts[1:]]
+    hi_in_other_terms = jnp.where(finite, parts[0], 0)
+
+    def part_for(term):
+        i = term[side]
+        if i > 0:
+            return lower[i - 1]
+        return parts[0] if term == (0, 0) else hi_in_other_terms
+
+    k_axis %= x.ndim
+    laid = jnp.stack([part_for(t) for t in split.terms], axis=k_axis + 1)
+    shape = (*x.shape[:k_axis], x.shape[k_axis] * len(split.terms), *x.shape[k_axis + 1 :])
+    return laid.reshape(shape).astype(split.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mode:
     """How a backend computes a preset's product once its operands are cast.
 
     float32: the kernel precision of a product whose (cast) operands are float32.
     round_float32_to: a narrower type float32 operands are rounded to first,
       where the backend's algorithm rounds them inside the dot (XLA's GPU
-      BF16_BF16_F32 reads float32 storage as bfloat16)."""
+      BF16_BF16_F32 reads float32 storage as bfloat16).
+    split: the emulation presets' arithmetic (`Split`), for float32 operands."""
 
     float32: lax.Precision
     round_float32_to: np.dtype | None = None
+    split: Split | None = None  # float32 operands computed from their parts
     why: str = ""
 
 
@@ -53,10 +160,8 @@ _D, _H, _X = lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST
 # CUDA: XLA's GPU support (xla/service/algorithm_util.cc,
 # IsSupportedDotAlgorithmOnGpu, for sm_80+; F16_F16_F16 and BF16_BF16_BF16 are
 # not among them, the ANY_F8 presets take float8 operands only, which jax_tiled
-# does not compute). The emulation presets run as 3xTF32 (HIGH), which is more
-# accurate than XLA's bf16 emulations on square products but not over a long K
-# with few output tiles (docs/precision.md has the measurements); fused
-# emulation kernels with each preset's own arithmetic are later work.
+# does not compute). The emulation presets compute their own arithmetic: the
+# products of bfloat16 (or TF32) parts their names count (`Split`).
 PRESETS: dict[str, dict[Preset, Mode]] = {
     "cpu": {
         Preset.DEFAULT: Mode(_D),
@@ -71,11 +176,11 @@ PRESETS: dict[str, dict[Preset, Mode]] = {
         Preset.DEFAULT: Mode(_D),
         Preset.F16_F16_F32: Mode(_X),
         Preset.BF16_BF16_F32: Mode(_X, round_float32_to=BF16),
-        Preset.BF16_BF16_F32_X3: Mode(_H, why="3xTF32, more accurate than 3 bf16 products"),
-        Preset.BF16_BF16_F32_X6: Mode(_H, why="3xTF32, more accurate than 6 bf16 products"),
-        Preset.BF16_BF16_F32_X9: Mode(_H, why="3xTF32, more accurate than 9 bf16 products"),
+        Preset.BF16_BF16_F32_X3: Mode(_D, split=BF16_X3),
+        Preset.BF16_BF16_F32_X6: Mode(_D, split=BF16_X6),
+        Preset.BF16_BF16_F32_X9: Mode(_D, split=BF16_X9),
         Preset.TF32_TF32_F32: Mode(_D),
-        Preset.TF32_TF32_F32_X3: Mode(_H),
+        Preset.TF32_TF32_F32_X3: Mode(_D, split=TF32_X3),
         Preset.F32_F32_F32: Mode(_X),
         Preset.F64_F64_F64: Mode(_X),
     },
@@ -85,21 +190,40 @@ PRESETS: dict[str, dict[Preset, Mode]] = {
 @dataclasses.dataclass(frozen=True)
 class Run:
     """What the kernel computes for a product: operands cast to operand_dtype,
-    the product into product_dtype at kernel precision `precision`, then the
-    result cast to the product's output dtype."""
+    the product into product_dtype at kernel precision `precision` (or, with
+    `split`, the product of their parts: `kernel_run`), then the result cast to
+    the product's output dtype."""
 
     operand_dtype: np.dtype
     product_dtype: np.dtype
     precision: lax.Precision
+    split: Split | None = None
+
+    def kernel_run(self) -> Run:
+        """The product the kernel itself runs: for a split, that of the parts."""
+        if self.split is None:
+            return self
+        return Run(self.split.dtype, self.product_dtype, self.split.precision)
+
+    def kernel_problem(self, problem: tuple) -> tuple:
+        """A (batch_a, batch_b, m, n, k, transpose_a, transpose_b) problem as the
+        kernel runs it: for a split, over K x the number of terms."""
+        if self.split is None:
+            return problem
+        batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
+        return (batch_a, batch_b, m, n, k * len(self.split.terms), transpose_a, transpose_b)
 
     def describe(self, dtype, out_dtype) -> str:
         """The casts and the mode, in words (explain's `runs_as`)."""
         parts = []
         if self.operand_dtype != np.dtype(dtype):
             parts.append(f"operands cast to {self.operand_dtype.name}")
-        mode = f"{self.operand_dtype.name} product into {self.product_dtype.name}"
-        if self.operand_dtype == F32:
-            mode += f" at {self.precision.name}"
+        if self.split is not None:
+            mode = f"{self.split.describe()} into {self.product_dtype.name}"
+        else:
+            mode = f"{self.operand_dtype.name} product into {self.product_dtype.name}"
+            if self.operand_dtype == F32:
+                mode += f" at {self.precision.name}"
         parts.append(mode)
         if self.product_dtype != np.dtype(out_dtype):
             parts.append(f"cast to {np.dtype(out_dtype).name}")
@@ -158,7 +282,9 @@ def resolve(platform: str, precision, dtype, out_dtype, api: str = "jax_tiled") 
     if operand == F32 and mode.round_float32_to is not None:
         operand = mode.round_float32_to
     # Only float32 products have modes; others are computed the same at every one.
-    return Run(operand, product, mode.float32 if operand == F32 else lax.Precision.DEFAULT)
+    if operand != F32:
+        return Run(operand, product, lax.Precision.DEFAULT)
+    return Run(operand, product, mode.float32, mode.split)
 
 
 def trace_platform() -> str:

@@ -17,7 +17,7 @@ from jax import lax
 from jax._src import core
 
 import jax_tiled
-from jax_tiled import _ffi
+from jax_tiled import _ffi, _presets
 from jax_tiled._checks import canonical_precision
 
 F32 = np.dtype(np.float32)
@@ -368,3 +368,32 @@ def handler_call(
         attributes["spare_sms"] = np.int32(spare_sms)
     call = jax.ffi.ffi_call(_ffi.TARGETS[platform], jax.ShapeDtypeStruct(out_shape, out_dtype))
     return call(a, b, *stack_indices, **attributes)
+
+
+def assert_runs_as(platform, out, a, b, preset, out_dtype):
+    """out is what the table says runs: the operands rounded to the run's type,
+    their product accumulated and rounded to the product type, then to out_dtype,
+    held elementwise to that computation's rounding bound."""
+    run = _presets.resolve(platform, preset, a.dtype, out_dtype)
+    cast = lambda x: np.asarray(x).astype(run.operand_dtype).astype(np.float64)
+    a64, b64 = cast(a), cast(b)
+    ref, mag = np.matmul(a64, b64), np.matmul(np.abs(a64), np.abs(b64))
+    kernel = run.kernel_run()  # an emulation's: the product of parts, over K x terms
+    k = a.shape[-1] * (len(run.split.terms) if run.split else 1)
+    acc = accumulation_rounding(
+        platform, kernel.operand_dtype, kernel.product_dtype, kernel.precision
+    )
+    inputs = (
+        run.split.dropped
+        if run.split
+        else input_rounding(platform, run.operand_dtype, run.precision)
+    )
+    rounding = EPS[run.product_dtype] + EPS[np.dtype(out_dtype)]
+    tol = ((k + 2) * acc + 2 * inputs) * mag + rounding * np.abs(ref) + 1e-30
+    out = np.asarray(out, np.float64)
+    assert np.all(np.isfinite(out))
+    bad = np.abs(out - ref) > tol
+    assert not bad.any(), (
+        f"{preset.name} on {platform}, {a.dtype} -> {out_dtype}: {bad.sum()} "
+        f"of {bad.size} off the run {run}"
+    )

@@ -833,3 +833,22 @@ def test_chain_trace_without_traces_times_each_chain(tmp_path):
     for row in rows:
         assert row["device"] is None and row["host_us_per_call"] is None
         assert 0 < row["dispatch_us"] <= row["wall_us"] and row["serial_us"] > 0
+
+
+def test_split_high_times_and_measures_each_variant(tmp_path):
+    """tools/split_high.py: a row per variant and shape, the peer's first, each
+    with its error against float64 (on the CPU every variant is exact fp32's
+    class: the parts' product is within the parts' bound of jnp's)."""
+    out = tmp_path / "split.json"
+    split_high = load_repository_module("tools/split_high.py")
+    argv = ["split_high.py", "--shapes", "b2x40x300x24", "--repeats", "1", "--json", str(out)]
+    old_argv, sys.argv = sys.argv, argv
+    try:
+        assert split_high.main() == 0
+    finally:
+        sys.argv = old_argv
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == list(split_high.VARIANTS)
+    assert rows[0]["ratio"] == 1.0 and all(r["ms"] > 0 for r in rows)
+    for row in rows:
+        assert 0 < row["err_positive"] < 1e-6 and 0 < row["err_normal"] < 1e-5, row
