@@ -80,16 +80,17 @@ class Split:
         )
 
 
-# The first part is x rounded to nearest (|x - p0| <= 2^-8 |x| for bfloat16's 8
-# significant bits, 2^-11 for TF32's 11); each lower part the rest truncated
-# toward zero, so that every partial sum of the parts lies between p0 and x,
-# and a finite x, however near float32's limit, never sums past it (the rest
-# rounded to nearest could). `dropped` from those: what the parts leave of x
-# and the terms left out (lo*lo for X3; mid*lo, lo*mid, lo*lo for X6; X9
-# keeps every term of parts that hold x exactly).
+# Each part is the rest of x rounded to nearest (|x - p0| <= 2^-8 |x| for
+# bfloat16's 8 significant bits, 2^-11 for TF32's 11), except past the
+# largest part (|x| above 3.39e38 for bfloat16): there p0 is the largest part
+# and the lower parts are truncated toward zero, so that no partial sum of
+# the parts passes float32's limit (rounded to nearest, p0 + p1 could). To
+# nearest, the split is Triton's and XLA's; truncating every lower part
+# instead doubles X3's error on normal inputs (tools/tensor_core_sums.py).
+# `dropped` from those: what the parts leave of x and the terms left out
+# (lo*lo for X3; mid*lo, lo*mid, lo*lo for X6).
 BF16_X3 = Split("bfloat16", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-13)
 BF16_X6 = Split("bfloat16", 3, ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)), 2.0**-20)
-BF16_X9 = Split("bfloat16", 3, tuple((i, j) for i in range(3) for j in range(3)), 2.0**-21)
 TF32_X3 = Split("tf32", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-19)
 
 # Per part type: the bits it keeps of a float32, and the largest finite part's bits.
@@ -97,29 +98,32 @@ _PART_MASK = {"bfloat16": 0xFFFF0000, "tf32": 0xFFFFE000}
 _PART_MAX = {"bfloat16": 0x7F7F0000, "tf32": 0x7F7FE000}
 
 
-def _round_part(x, part: str, *, toward_zero: bool):
-    """x (float32) rounded to a `part` value, as float32: toward zero, or to
-    nearest even, where a finite x that would round past the largest part
-    gets the largest part instead of inf (its rest then stays finite)."""
+def _round_part(x, part: str, toward_zero):
+    """x (float32) rounded to a `part` value, as float32: to nearest even, or
+    toward zero where `toward_zero` (a mask); a finite x that would round past
+    the largest part gets the largest part instead of inf."""
     bits = lax.bitcast_convert_type(x, jnp.uint32)
-    if not toward_zero:  # half the dropped bits' range, and ties to even
-        dropped = ~_PART_MASK[part] & 0xFFFFFFFF
-        lowest_kept = (bits >> (dropped.bit_length())) & 1
-        bits = bits + jnp.uint32(dropped >> 1) + lowest_kept
-    rounded = lax.bitcast_convert_type(bits & jnp.uint32(_PART_MASK[part]), F32)
-    rounded = jnp.where(jnp.isfinite(x), rounded, x)  # inf and NaN as they are
-    largest = np.array(_PART_MAX[part], np.uint32).view(np.float32)
-    return jnp.where(jnp.isinf(rounded) & jnp.isfinite(x), jnp.sign(x) * largest, rounded)
+    dropped = ~_PART_MASK[part] & 0xFFFFFFFF
+    lowest_kept = (bits >> dropped.bit_length()) & 1
+    nearest = bits + jnp.uint32(dropped >> 1) + lowest_kept  # ties to even
+    bits = jnp.where(toward_zero, bits, nearest) & jnp.uint32(_PART_MASK[part])
+    rounded = jnp.where(jnp.isfinite(x), lax.bitcast_convert_type(bits, F32), x)
+    return jnp.where(jnp.isinf(rounded) & jnp.isfinite(x), jnp.sign(x) * _largest(part), rounded)
+
+
+def _largest(part: str) -> np.float32:
+    return np.array(_PART_MAX[part], np.uint32).view(np.float32)
 
 
 def split_operand(x, split: Split, side: int, k_axis: int):
     """x (float32) as its parts laid along K: axis `k_axis` of length K becomes
     K x len(split.terms), entry k * len(terms) + t holding the part that term t
     takes from this operand (`side` 0 for a, 1 for b), in `split.dtype`."""
-    parts, rest = [], x
-    for i in range(split.parts):
-        parts.append(_round_part(rest, split.part, toward_zero=i > 0))
+    past_largest = jnp.abs(x) > _largest(split.part)
+    parts, rest = [_round_part(x, split.part, False)], x
+    for _ in range(split.parts - 1):
         rest = rest - parts[-1]
+        parts.append(_round_part(rest, split.part, past_largest))
     finite = jnp.isfinite(x)
     lower = [jnp.where(finite, p, 0) for p in parts[1:]]
     hi_in_other_terms = jnp.where(finite, parts[0], 0)
@@ -161,7 +165,8 @@ _D, _H, _X = lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST
 # IsSupportedDotAlgorithmOnGpu, for sm_80+; F16_F16_F16 and BF16_BF16_BF16 are
 # not among them, the ANY_F8 presets take float8 operands only, which jax_tiled
 # does not compute). The emulation presets compute their own arithmetic: the
-# products of bfloat16 (or TF32) parts their names count (`Split`).
+# products of bfloat16 (or TF32) parts their names count (`Split`); X9 runs
+# as HIGH.
 PRESETS: dict[str, dict[Preset, Mode]] = {
     "cpu": {
         Preset.DEFAULT: Mode(_D),
@@ -178,7 +183,9 @@ PRESETS: dict[str, dict[Preset, Mode]] = {
         Preset.BF16_BF16_F32: Mode(_X, round_float32_to=BF16),
         Preset.BF16_BF16_F32_X3: Mode(_D, split=BF16_X3),
         Preset.BF16_BF16_F32_X6: Mode(_D, split=BF16_X6),
-        Preset.BF16_BF16_F32_X9: Mode(_D, split=BF16_X9),
+        # Nine bfloat16 products are slower than HIGHEST itself on an H100;
+        # HIGH is faster than HIGHEST and more accurate (cpp/cuda/NOTES.md).
+        Preset.BF16_BF16_F32_X9: Mode(_H, why="four TF32 products: faster than nine bf16 ones"),
         Preset.TF32_TF32_F32: Mode(_D),
         Preset.TF32_TF32_F32_X3: Mode(_D, split=TF32_X3),
         Preset.F32_F32_F32: Mode(_X),
