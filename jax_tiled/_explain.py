@@ -168,7 +168,12 @@ def explain(
             plan = _cpu_plan(run.operand_dtype, run.product_dtype)
         elif platform == "cuda" and _ffi.cuda_module_built():
             forced = _ffi.cuda_plan(
-                kernel, run.operand_dtype, run.product_dtype, kernel_problem, run.precision
+                kernel,
+                run.operand_dtype,
+                run.product_dtype,
+                kernel_problem,
+                run.precision,
+                laid_terms=run.laid_terms,
             )
             plan = forced.text if forced else ""
         return Explanation(**found, kernel=kernel, reason=f"forced by kernel={kernel!r}", plan=plan)
@@ -191,6 +196,7 @@ def explain(
             (*problem[:2], *padded, *problem[5:]) if padded else kernel_problem,
             _ffi.cuda_multiprocessors(),
             run.precision,
+            run.laid_terms,
         )
         parts = _lowering.k_parts_summed_by_xla(
             platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem

@@ -166,13 +166,25 @@ def refusal(
 
 
 def cuda_explain(
-    dtype: str, out_dtype: str, problem, multiprocessors: int, precision=lax.Precision.DEFAULT
+    dtype: str,
+    out_dtype: str,
+    problem,
+    multiprocessors: int,
+    precision=lax.Precision.DEFAULT,
+    laid_terms: int = 1,
 ) -> tuple[str, str, str]:
     """The CUDA module's own account of what kernel="auto" runs at this precision
-    (a lax.Precision or its name; no GPU needed): (kernel, why, launch plan)."""
+    (a lax.Precision or its name; no GPU needed): (kernel, why, launch plan).
+    laid_terms > 1: the operands are parts laid along K (`_presets.PartsLaid`)."""
     code = PRECISION_CODES[lax.Precision(precision)]
     kernel, reason, plan = _load("CUDA").explain_auto(
-        dtype, out_dtype, *problem, code, multiprocessors, cuda_compute_capability()
+        dtype,
+        out_dtype,
+        *problem,
+        code,
+        multiprocessors,
+        cuda_compute_capability(),
+        laid_terms=laid_terms,
     )
     return kernel, reason, plan
 
@@ -205,13 +217,15 @@ def cuda_plan(
     multiprocessors: int | None = None,
     shared_bytes_per_block: int = 0,
     max_threads_per_block: int = 0,
+    laid_terms: int = 1,
 ) -> CudaPlan | None:
     """The plan `kernel` runs a dtype -> out_dtype product of this shape
     (ANY_PROBLEM's fields) with at this precision, on a GPU of this many SMs
     (default: the first CUDA device's, an H100's without one) and this compute
     capability (cuda_compute_capability()), with these per-block limits (0:
-    an H100's, which every sm_80+ GPU has): the planner the handler calls, no
-    GPU needed. None where the kernel refuses the product."""
+    an H100's, which every sm_80+ GPU has), for operands laid as `laid_terms`
+    says (cuda_explain's): the planner the handler calls, no GPU needed. None
+    where the kernel refuses the product."""
     code = PRECISION_CODES[lax.Precision(precision)]
     found = _load("CUDA").kernel_plan(
         kernel,
@@ -223,5 +237,6 @@ def cuda_plan(
         cuda_compute_capability(),
         shared_bytes_per_block,
         max_threads_per_block,
+        laid_terms,
     )
     return None if found is None else CudaPlan(**found)

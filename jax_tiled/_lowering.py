@@ -60,6 +60,9 @@ class Product:
     # SMs the CUDA kernel leaves free for a transfer running beside it (a ring's
     # products, `overlap.Settings.spare_sms`).
     spare_sms: int = 0
+    # > 1: the operands are parts laid along K (an emulation preset's,
+    # `_presets.PartsLaid`), this many products of parts a chunk group.
+    laid_terms: int = 1
 
 
 def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
@@ -82,7 +85,7 @@ def ffi_product(a, b, product: Product, out_dtype, *stack_indices):
         a, b = lax.optimization_barrier((a, b))
     call = jax.ffi.ffi_call(product.target, jax.ShapeDtypeStruct((batch, m, n), out_dtype))
     cuda_only = (
-        dict(spare_sms=np.int32(product.spare_sms))
+        dict(spare_sms=np.int32(product.spare_sms), laid_terms=np.int32(product.laid_terms))
         if product.target == _ffi.TARGETS["cuda"]
         else {}
     )
@@ -494,6 +497,7 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
         out_dtype=run.product_dtype,
         precision=PRECISION_CODES[run.precision],
         kernel=str(kernel),
+        laid_terms=run.laid_terms,
     )
 
     wide = _presets.needs_x64(run)
@@ -574,7 +578,7 @@ def _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel):
                 transpose_a=transpose_a,
                 transpose_b=transpose_b,
                 out_dtype=run.product_dtype,
-                precision=run.split.precision,
+                precision=_presets.PartsLaid(len(run.split.terms)),
                 kernel=kernel,
             )
             return lax.convert_element_type(out, out_aval.dtype)

@@ -32,6 +32,17 @@ BF16 = np.dtype(jnp.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
+class PartsLaid:
+    """The kernel precision of a product of parts laid along K (`Split`,
+    `split_operand`), the primitive's `precision` param inside an emulation
+    preset's lowering: DEFAULT's arithmetic, told that each chunk group holds
+    `terms` products of parts, so that the kernel's partial sums span no more
+    than one (the FFI attribute `laid_terms`)."""
+
+    terms: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Split:
     """A float32 product computed from narrower parts of its operands, as XLA's
     emulation presets define it: each operand x = p0 + p1 (+ p2), p0 = x rounded
@@ -39,9 +50,14 @@ class Split:
     those in `terms` ((i, j): a's part i times b's part j) are kept.
 
     They run as one product of `part` operands over K x len(terms): each
-    operand's parts are laid side by side along K (`split_operand`), so one
-    kernel call and one float32 accumulator sum them all, with no pass to
-    add partial products. Special values: a non-finite x keeps p0 and has
+    operand's parts are laid along K chunk by chunk (`split_operand`), so one
+    kernel call sums them all, with no pass to add partial products; the
+    kernel starts a fresh partial sum at least every chunk group
+    (`PartsLaid`), which keeps its truncating tensor-core sums as short as
+    those of XLA's separate products. `terms` is the order they are laid in
+    each chunk: the small products first, hi x hi last, so that they are not
+    added into a large sum (cpp/cuda/NOTES.md, "The emulation presets laid
+    chunk by chunk"). Special values: a non-finite x keeps p0 and has
     zero lower parts, and p0 enters only the (0, 0) term as it is; in the
     other terms a non-finite p0 counts as zero, so inf * (a part that is 0)
     cannot make a NaN where the exact product is infinite (XLA's emulations
@@ -63,6 +79,13 @@ class Split:
     def dtype(self) -> np.dtype:
         """The parts' storage dtype, the operands of the kernel's product."""
         return BF16 if self.part == "bfloat16" else F32
+
+    @property
+    def chunk(self) -> int:
+        """K per chunk: one slab of the Hopper kernel, a 128-byte row of the
+        parts' storage (cpp/cuda/blocks/hopper.cuh, kSwizzleElements), so that
+        each of its slabs holds one term's chunk."""
+        return 128 // self.dtype.itemsize
 
     @property
     def precision(self) -> lax.Precision:
@@ -89,9 +112,9 @@ class Split:
 # instead doubles X3's error on normal inputs (tools/tensor_core_sums.py).
 # `dropped` from those: what the parts leave of x and the terms left out
 # (lo*lo for X3; mid*lo, lo*mid, lo*lo for X6).
-BF16_X3 = Split("bfloat16", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-13)
-BF16_X6 = Split("bfloat16", 3, ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)), 2.0**-20)
-TF32_X3 = Split("tf32", 2, ((0, 0), (0, 1), (1, 0)), dropped=2.0**-19)
+BF16_X3 = Split("bfloat16", 2, ((0, 1), (1, 0), (0, 0)), dropped=2.0**-13)
+BF16_X6 = Split("bfloat16", 3, ((1, 1), (0, 2), (2, 0), (0, 1), (1, 0), (0, 0)), 2.0**-20)
+TF32_X3 = Split("tf32", 2, ((0, 1), (1, 0), (0, 0)), dropped=2.0**-19)
 
 # Per part type: the bits it keeps of a float32, and the largest finite part's bits.
 _PART_MASK = {"bfloat16": 0xFFFF0000, "tf32": 0xFFFFE000}
@@ -117,8 +140,9 @@ def _largest(part: str) -> np.float32:
 
 def split_operand(x, split: Split, side: int, k_axis: int):
     """x (float32) as its parts laid along K: axis `k_axis` of length K becomes
-    K x len(split.terms), entry k * len(terms) + t holding the part that term t
-    takes from this operand (`side` 0 for a, 1 for b), in `split.dtype`."""
+    K x len(split.terms), in `split.dtype`. Chunk by chunk (`split.chunk` of
+    K; the last one may be shorter): the part that each term in turn takes
+    from this operand (`side` 0 for a, 1 for b) over the chunk."""
     past_largest = jnp.abs(x) > _largest(split.part)
     parts, rest = [_round_part(x, split.part, False)], x
     for _ in range(split.parts - 1):
@@ -135,9 +159,26 @@ def split_operand(x, split: Split, side: int, k_axis: int):
         return parts[0] if term == (0, 0) else hi_in_other_terms
 
     k_axis %= x.ndim
-    laid = jnp.stack([part_for(t) for t in split.terms], axis=k_axis + 1)
-    shape = (*x.shape[:k_axis], x.shape[k_axis] * len(split.terms), *x.shape[k_axis + 1 :])
-    return laid.reshape(shape).astype(split.dtype)
+    k, chunk, terms = x.shape[k_axis], split.chunk, len(split.terms)
+    taken = jnp.stack([part_for(t) for t in split.terms], axis=k_axis)  # terms before K
+
+    def laid(piece, length):
+        """(..., terms, length of K, ...) -> (..., chunks, terms, chunk, ...), flat along K."""
+        chunks = length // min(chunk, length)
+        shape = (*piece.shape[:k_axis], terms, chunks, length // chunks, *piece.shape[k_axis + 2 :])
+        piece = jnp.swapaxes(piece.reshape(shape), k_axis, k_axis + 1)
+        return piece.reshape(*piece.shape[:k_axis], length * terms, *piece.shape[k_axis + 3 :])
+
+    whole = k - k % chunk
+    pieces = [
+        laid(lax.slice_in_dim(taken, begin, end, axis=k_axis + 1), end - begin)
+        for begin, end in ((0, whole), (whole, k))
+        if end > begin
+    ]
+    if not pieces:  # K = 0
+        return jnp.zeros(x.shape, split.dtype)
+    out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=k_axis)
+    return out.astype(split.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,12 +246,16 @@ class Run:
     product_dtype: np.dtype
     precision: lax.Precision
     split: Split | None = None
+    # > 1: the operands are parts laid along K, this many products of parts a
+    # chunk group (`PartsLaid`); the kernel's FFI attribute `laid_terms`.
+    laid_terms: int = 1
 
     def kernel_run(self) -> Run:
         """The product the kernel itself runs: for a split, that of the parts."""
         if self.split is None:
             return self
-        return Run(self.split.dtype, self.product_dtype, self.split.precision)
+        terms = len(self.split.terms)
+        return Run(self.split.dtype, self.product_dtype, self.split.precision, laid_terms=terms)
 
     def kernel_problem(self, problem: tuple) -> tuple:
         """A (batch_a, batch_b, m, n, k, transpose_a, transpose_b) problem as the
@@ -279,9 +324,12 @@ def _jax_compute_types(preset: Preset, dtype, out_dtype) -> tuple[np.dtype, np.d
 
 
 def resolve(platform: str, precision, dtype, out_dtype, api: str = "jax_tiled") -> Run:
-    """What runs for a dtype -> out_dtype product at `precision` (a lax.Precision
-    or a preset) on `platform`; a preset the platform refuses raises ValueError."""
+    """What runs for a dtype -> out_dtype product at `precision` (a lax.Precision,
+    a preset, or `PartsLaid`) on `platform`; a preset the platform refuses
+    raises ValueError."""
     dtype, out_dtype = np.dtype(dtype), np.dtype(out_dtype)
+    if isinstance(precision, PartsLaid):
+        return Run(dtype, out_dtype, lax.Precision.DEFAULT, laid_terms=precision.terms)
     if not is_preset(precision):
         return Run(dtype, out_dtype, lax.Precision(precision))
     mode = check(platform, precision, api)

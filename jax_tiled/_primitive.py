@@ -60,7 +60,11 @@ def _abstract_eval(a, b, *, transpose_a, transpose_b, out_dtype, precision, kern
             )
     if a.dtype != b.dtype:
         raise TypeError(f"tiled_matmul: operand dtypes differ: {a.dtype} and {b.dtype}")
-    if precision not in PRECISION_CODES and not _presets.is_preset(precision):
+    if (
+        precision not in PRECISION_CODES
+        and not _presets.is_preset(precision)
+        and not isinstance(precision, _presets.PartsLaid)
+    ):
         raise TypeError(
             "tiled_matmul: precision must be a lax.Precision or a "
             f"lax.DotAlgorithmPreset, got {precision!r}"

@@ -352,12 +352,13 @@ def handler_call(
     kernel="auto",
     precision=0,
     spare_sms=0,
+    laid_terms=1,
     transpose_a=False,
     transpose_b=False,
 ):
     """The FFI handler called directly, bypassing the primitive, with every
-    attribute it binds (CUDA's `spare_sms` too); a non-int `precision` is
-    passed as it is, for the tests of bad attributes."""
+    attribute it binds (CUDA's `spare_sms` and `laid_terms` too); a non-int
+    `precision` is passed as it is, for the tests of bad attributes."""
     attributes = dict(
         transpose_a=np.bool_(transpose_a),
         transpose_b=np.bool_(transpose_b),
@@ -365,7 +366,7 @@ def handler_call(
         kernel=kernel,
     )
     if platform == "cuda":
-        attributes["spare_sms"] = np.int32(spare_sms)
+        attributes.update(spare_sms=np.int32(spare_sms), laid_terms=np.int32(laid_terms))
     call = jax.ffi.ffi_call(_ffi.TARGETS[platform], jax.ShapeDtypeStruct(out_shape, out_dtype))
     return call(a, b, *stack_indices, **attributes)
 

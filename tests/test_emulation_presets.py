@@ -17,7 +17,7 @@ from jax import lax
 
 import jax_tiled
 from helpers import F32, assert_runs_as, random_array
-from jax_tiled import _presets
+from jax_tiled import _ffi, _presets
 
 Preset = lax.DotAlgorithmPreset
 EMULATIONS = [p for p, mode in _presets.PRESETS["cuda"].items() if mode.split is not None]
@@ -47,14 +47,42 @@ def test_the_emulation_presets_are_split_but_x9():
     assert _presets.PRESETS["cuda"][Preset.BF16_BF16_F32_X9].float32 == lax.Precision.HIGH
 
 
+def laid_positions(split: _presets.Split, k: int) -> np.ndarray:
+    """(terms, k): where entry k of each term lies along the laid K, as the
+    kernels read it: chunk by chunk (`split.chunk` of K, the last shorter),
+    each chunk holding every term's entries in turn."""
+    positions = np.zeros((len(split.terms), k), int)
+    for begin in range(0, k, split.chunk):
+        length = min(split.chunk, k - begin)
+        for t in range(len(split.terms)):
+            first = begin * len(split.terms) + t * length
+            positions[t, begin : begin + length] = np.arange(first, first + length)
+    return positions
+
+
+def test_the_terms_are_laid_small_first_in_chunks_of_a_slab():
+    """hi x hi last in each chunk, so that the kernel adds no small product
+    into a partial sum of large ones; a chunk is one 128-byte row of the
+    parts' storage (the Hopper kernel's slab: 64 bfloat16, 32 TF32)."""
+    for preset in EMULATIONS:
+        split = split_of(preset)
+        assert split.terms[-1] == (0, 0)
+        assert split.chunk * split.dtype.itemsize == 128
+        assert split.precision == lax.Precision.DEFAULT
+        assert _presets.resolve("cuda", preset, F32, F32).kernel_run().laid_terms == len(
+            split.terms
+        )
+
+
 @pytest.mark.parametrize("preset", EMULATIONS, ids=str)
 @pytest.mark.parametrize("distribution", ["normal", "positive", "wide"])
 def test_the_laid_parts_multiply_to_the_kept_terms(rng, preset, distribution):
     """In float64, the laid-out parts' product is the product of the operands
     within `dropped`, and not exactly it (terms are left out). Operand parts
-    are `split.dtype` values."""
+    are `split.dtype` values, laid chunk by chunk (K = 150: whole chunks and a
+    shorter last one)."""
     split = split_of(preset)
-    m, k, n = 7, 50, 5
+    m, k, n = 7, 150, 5
     draw = {
         "normal": lambda s: rng.standard_normal(s),
         "positive": lambda s: rng.uniform(0.5, 1.5, s),
@@ -70,10 +98,24 @@ def test_the_laid_parts_multiply_to_the_kept_terms(rng, preset, distribution):
     mag = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     assert np.all(np.abs(parts - exact) <= split.dropped * mag)
     assert np.any(parts != exact)
-    # The first of each term's K entries: the hi parts, whose sum is the
-    # operand rounded once to the part's type.
-    hi = np.asarray(laid_a, np.float64)[:, :: len(split.terms)]
-    assert np.all(np.abs(hi - a) <= 2.0 ** -(8 if split.part == "bfloat16" else 11) * np.abs(a))
+    # Term by term where the kernels read it: each is the product of the
+    # parts it names; hi x hi's are the operands rounded once to the part's type.
+    where = laid_positions(split, k)
+    a_of = lambda t: np.asarray(laid_a, np.float64)[:, where[t]]
+    b_of = lambda t: np.asarray(laid_b, np.float64)[where[t], :]
+    hi_hi = split.terms.index((0, 0))
+    bits = 8 if split.part == "bfloat16" else 11
+    assert np.all(np.abs(a_of(hi_hi) - a) <= 2.0**-bits * np.abs(a))
+    assert np.all(np.abs(b_of(hi_hi) - b) <= 2.0**-bits * np.abs(b))
+    for t, (i, j) in enumerate(split.terms):
+        same_a = [u for u, term in enumerate(split.terms) if term[0] == i]
+        same_b = [u for u, term in enumerate(split.terms) if term[1] == j]
+        assert all(np.array_equal(a_of(u), a_of(t)) for u in same_a)
+        assert all(np.array_equal(b_of(u), b_of(t)) for u in same_b)
+        if i > 0:
+            assert np.all(np.abs(a_of(t)) <= 2.0 ** -(bits * i - 1) * np.abs(a))
+        if j > 0:
+            assert np.all(np.abs(b_of(t)) <= 2.0 ** -(bits * j - 1) * np.abs(b))
 
 
 def emulated_product(a, b, preset, layout):
@@ -141,3 +183,74 @@ def test_special_values_as_true_arithmetic(platform, emulated):
     finite = np.isfinite(want32)
     assert np.all(np.isfinite(out[finite]))
     assert np.allclose(out[finite], want32[finite], rtol=split_of(emulated).dropped * 4, atol=0)
+
+
+needs_cuda_module = pytest.mark.skipif(
+    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
+)
+SMS = 132  # an H100's, as explain assumes them without a GPU
+
+
+def wgmma_plan(split: _presets.Split, m, n, k, laid_terms):
+    problem = (1, 1, m, n, k * len(split.terms), False, False)
+    return _ffi.cuda_plan(
+        "wgmma", split.dtype, F32, problem, multiprocessors=SMS, laid_terms=laid_terms
+    )
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("preset", EMULATIONS, ids=str)
+def test_laid_parts_run_on_tiles_with_blocked_sums(preset):
+    """The parts' product keeps partial sums within a chunk group: not on
+    wgmma's 128 x 256 tiles (no room for a second set of accumulators),
+    and, for TF32 parts (whose own partial sums are 8 slabs deep), a fresh
+    partial sum every group of 3 slabs; bfloat16's are one slab already."""
+    split, terms = split_of(preset), len(split_of(preset).terms)
+    for m, n, k in [(4096, 4096, 4096), (512, 512, 8192), (1024, 1024, 1024)]:
+        laid = wgmma_plan(split, m, n, k, terms)
+        assert laid.block_n <= 128, (m, n, k, laid)
+        every = f"a fresh partial sum every {terms} slabs"
+        assert (every in laid.text) == (split.part == "tf32"), laid
+    # The same product of one part each runs on the wide tiles.
+    assert wgmma_plan(split, 4096, 4096, 4096, 1).block_n == 256
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distribution", ["positive", "normal"])
+@pytest.mark.parametrize("mkn", [(512, 8192, 512), (1024, 1024, 1024)], ids=str)
+@pytest.mark.parametrize("preset", EMULATIONS, ids=str)
+def test_as_accurate_as_jnp_at_the_same_preset(on_gpu, rng, preset, mkn, distribution):
+    """Error against float64 within 1.3x jnp's at the same preset, bias
+    within 2x (plus float32's rounding of a sum this long), over a long K
+    (K split on wgmma) and a square (K whole); inputs in [0.5, 1.5] expose a
+    lean toward zero, normal ones the cancelling sums."""
+    m, k, n = mkn
+    if distribution == "positive":
+        a, b = rng.uniform(0.5, 1.5, (m, k)), rng.uniform(0.5, 1.5, (k, n))
+    else:
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    a, b = a.astype(F32), b.astype(F32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+
+    def error_and_bias(out):
+        diff = np.asarray(out, np.float64) - ref
+        return np.linalg.norm(diff) / np.linalg.norm(ref), np.mean(diff) / np.mean(np.abs(ref))
+
+    ours = error_and_bias(jax.jit(lambda x, y: jax_tiled.matmul(x, y, precision=preset))(a, b))
+    peer = error_and_bias(jax.jit(lambda x, y: jnp.matmul(x, y, precision=preset))(a, b))
+    assert ours[0] <= 1.3 * peer[0], f"{preset.name}: error {ours[0]:.2e}, jnp's {peer[0]:.2e}"
+    assert abs(ours[1]) <= 2 * abs(peer[1]) + 1e-8, (
+        f"{preset.name}: bias {ours[1]:+.1e}, jnp's {peer[1]:+.1e}"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", EMULATIONS, ids=str)
+def test_bitwise_the_same_run_to_run(on_gpu, rng, preset):
+    """K split on wgmma (512 x 8192 x 512): the parts' partial sums meet in a
+    fixed order."""
+    a, b = random_array(rng, (512, 8192), F32), random_array(rng, (8192, 512), F32)
+    product = jax.jit(lambda x, y: jax_tiled.matmul(x, y, precision=preset))
+    first = np.asarray(product(a, b))
+    for _ in range(3):
+        assert np.array_equal(np.asarray(product(a, b)), first)

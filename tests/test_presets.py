@@ -113,7 +113,9 @@ def test_what_runs_on_cuda():
             # The largest terms are kept: every (i, j) with i + j below the cut.
             assert (0, 0) in split.terms and all(max(t) < parts for t in split.terms)
             assert all((j, i) in split.terms for i, j in split.terms), preset
-            assert run.kernel_run() == Run(split.dtype, F32, D)
+            assert run.kernel_run() == Run(split.dtype, F32, D, laid_terms=terms)
+            laid = _presets.resolve("cuda", _presets.PartsLaid(terms), split.dtype, F32)
+            assert laid == run.kernel_run()
     # Nine bfloat16 products would be slower than HIGHEST: four TF32 ones.
     assert resolve(Preset.BF16_BF16_F32_X9) == Run(F32, F32, lax.Precision.HIGH)
     assert resolve(Preset.F32_F32_F32) == Run(F32, F32, X)

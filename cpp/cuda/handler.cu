@@ -89,9 +89,11 @@ std::optional<Product> ProductOf(std::string_view dtype, std::string_view out_dt
   const std::optional<Dtype> in_type = ParseDtype(dtype), out_type = ParseDtype(out_dtype);
   const std::optional<Precision> mode = PrecisionFromCode(precision);
   if (!in_type || !out_type || !mode) return std::nullopt;
-  return Product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
-                                                  s.transpose_a, s.transpose_b)),
-                 *in_type, *out_type, *mode};
+  Product product{ToDims(MatmulProblem::Contiguous(s.batch_a, s.batch_b, s.m, s.n, s.k,
+                                                   s.transpose_a, s.transpose_b)),
+                  *in_type, *out_type, *mode};
+  product.laid_terms = s.laid_terms;
+  return product;
 }
 
 // Why MatmulCuda launches no kernel for a product, if it launches none: an
@@ -163,7 +165,8 @@ cudaError_t GatherStackSlice(const void*& operand, StackSlice& stack, ffi::DataT
 ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer a,
                       ffi::AnyBuffer b, ffi::RemainingArgs stack_indices,
                       ffi::Result<ffi::AnyBuffer> out, bool transpose_a, bool transpose_b,
-                      Precision precision, std::string_view kernel, int32_t spare_sms) {
+                      Precision precision, std::string_view kernel, int32_t spare_sms,
+                      int32_t laid_terms) {
   auto problem =
       MakeMatmulProblem(a, b, *out, stack_indices, transpose_a, transpose_b, precision, kernel);
   if (problem.has_error()) return problem.error();
@@ -179,6 +182,10 @@ ffi::Error MatmulCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::A
   if (spare_sms < 0)
     return ffi::Error::InvalidArgument("tiled_matmul: spare_sms must be at least 0, got " +
                                        std::to_string(spare_sms));
+  if (laid_terms < 1)
+    return ffi::Error::InvalidArgument("tiled_matmul: laid_terms must be at least 1, got " +
+                                       std::to_string(laid_terms));
+  product.laid_terms = laid_terms;
   // A product that overlaps a transfer (the sharded rings) plans for fewer SMs
   // than the GPU has, so that the communication kernel finds SMs free instead
   // of waiting for a persistent grid to end.
@@ -276,5 +283,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("transpose_b")   // b is stored (batch_b, n, k)
         .Attr<jax_tiled::Precision>("precision")  // DEFAULT: TF32, HIGH: 3xTF32, HIGHEST: fp32
         .Attr<std::string_view>("kernel")         // "auto" or a name from KernelNames()
-        .Attr<int32_t>("spare_sms"),  // SMs left free for communication running beside it
+        .Attr<int32_t>("spare_sms")    // SMs left free for communication running beside it
+        .Attr<int32_t>("laid_terms"),  // > 1: parts laid along K, this many a chunk (Product)
     {xla::ffi::Traits::kCmdBufferCompatible});

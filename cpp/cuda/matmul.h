@@ -31,10 +31,12 @@ std::vector<KernelFacts> KernelTable();
 
 // A problem as the lowering sees it, before buffers exist: contiguous
 // operands a (batch_a, m, k) or (batch_a, k, m) when transposed, b (batch_b,
-// k, n) or (batch_b, n, k); a batch of 1 broadcasts.
+// k, n) or (batch_b, n, k); a batch of 1 broadcasts. laid_terms: as
+// Product's.
 struct ProblemShape {
   int64_t batch_a, batch_b, m, n, k;
   bool transpose_a, transpose_b;
+  int laid_terms = 1;
 };
 
 // The GPU a problem is planned for, as the Python side knows it: its SMs and

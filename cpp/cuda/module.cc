@@ -51,9 +51,10 @@ NB_MODULE(_cuda, m) {
       [](std::string_view dtype, std::string_view out_dtype, int64_t batch_a, int64_t batch_b,
          int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b, int precision,
          int multiprocessors, int compute_capability, int shared_bytes_per_block,
-         int max_threads_per_block) {
+         int max_threads_per_block, int laid_terms) {
         const jax_tiled::cuda::AutoChoice choice = jax_tiled::cuda::ExplainAuto(
-            dtype, out_dtype, ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b},
+            dtype, out_dtype,
+            ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b, laid_terms},
             precision,
             GpuFacts{multiprocessors, compute_capability, shared_bytes_per_block,
                      max_threads_per_block});
@@ -63,16 +64,18 @@ NB_MODULE(_cuda, m) {
       nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"), nb::arg("transpose_b"),
       nb::arg("precision"), nb::arg("multiprocessors"), nb::arg("compute_capability"),
       nb::arg("shared_bytes_per_block") = 0, nb::arg("max_threads_per_block") = 0,
+      nb::arg("laid_terms") = 1,
       "(kernel, why, plan) for what kernel='auto' runs on this problem (no GPU needed).");
   m.def(
       "kernel_plan",
       [](std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
          int64_t batch_a, int64_t batch_b, int64_t m, int64_t n, int64_t k, bool transpose_a,
          bool transpose_b, int precision, int multiprocessors, int compute_capability,
-         int shared_bytes_per_block, int max_threads_per_block) -> nb::object {
+         int shared_bytes_per_block, int max_threads_per_block, int laid_terms) -> nb::object {
         const jax_tiled::cuda::PlanFacts plan = jax_tiled::cuda::KernelPlan(
             kernel, dtype, out_dtype,
-            ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b}, precision,
+            ProblemShape{batch_a, batch_b, m, n, k, transpose_a, transpose_b, laid_terms},
+            precision,
             GpuFacts{multiprocessors, compute_capability, shared_bytes_per_block,
                      max_threads_per_block});
         if (plan.text.empty()) return nb::none();
@@ -92,7 +95,7 @@ NB_MODULE(_cuda, m) {
       nb::arg("batch_b"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("transpose_a"),
       nb::arg("transpose_b"), nb::arg("precision"), nb::arg("multiprocessors"),
       nb::arg("compute_capability"), nb::arg("shared_bytes_per_block") = 0,
-      nb::arg("max_threads_per_block") = 0,
+      nb::arg("max_threads_per_block") = 0, nb::arg("laid_terms") = 1,
       "The plan the kernel runs this problem with, a dict of its fields and its words\n"
       "('text'), or None where the kernel is unknown or refuses it (no GPU needed).");
   m.def(
