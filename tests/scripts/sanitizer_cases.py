@@ -54,6 +54,16 @@ WIDE_SHAPE = (1024, 8192, 1024)
 # 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts.
 THIN_DEEP_SHAPE = (16, 9000, 136)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
+# The emulation presets' products of parts laid along K (on the Hopper kernel:
+# a fresh TF32 partial sum every chunk group of 3 slabs, from K's first, also
+# where K is split across clusters): K of 600 split, K of 41 in one short
+# chunk, 4000 deep.
+LAID_SHAPES = [(72, 600, 136), (33, 41, 65), (136, 4000, 72)]
+EMULATIONS = [
+    lax.DotAlgorithmPreset.BF16_BF16_F32_X3,
+    lax.DotAlgorithmPreset.BF16_BF16_F32_X6,
+    lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
+]
 
 
 def precisions(kernel: str, dtype, out_dtype, problem) -> list:
@@ -110,7 +120,33 @@ def run_kernel(kernel: str) -> None:
                 np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(k)
             )
     assert cases, f"no case runs on {kernel}"
-    print(f"{kernel}: {len(cases)} products correct")
+    laid = run_laid(kernel, rng)
+    print(f"{kernel}: {len(cases)} products and {laid} of laid parts correct")
+
+
+def run_laid(kernel: str, rng) -> int:
+    """The emulation presets on `kernel`, each layout, against float64; the
+    number run (none where the kernel refuses the parts)."""
+    taken = 0
+    for (m, k, n), preset, (ta, tb) in itertools.product(
+        LAID_SHAPES, EMULATIONS, itertools.product((False, True), repeat=2)
+    ):
+        part = jnp.bfloat16 if preset.name.startswith("BF16") else np.float32
+        laid_k = k * (6 if preset.name.endswith("X6") else 3)
+        if _ffi.refusal(
+            "cuda", kernel, part, np.float32, (1, 1, m, n, laid_k, ta, tb), lax.Precision.DEFAULT
+        ):
+            continue
+        a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+        dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+        out = jax_tiled.dot_general(a, b, dims, precision=preset, kernel=kernel)
+        ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+        np.testing.assert_allclose(
+            np.asarray(out, np.float64), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k)
+        )
+        taken += 1
+    return taken
 
 
 def run_racy() -> None:
@@ -126,6 +162,7 @@ def run_racy() -> None:
         precision=np.int32(2),
         kernel="smem_racy_for_testing",
         spare_sms=np.int32(0),
+        laid_terms=np.int32(1),
     )
     jax.block_until_ready(out)
     print("racy kernel ran (racecheck should have reported hazards above)")
