@@ -36,8 +36,8 @@ class PartsLaid:
     """The kernel precision of a product of parts laid along K (`Split`,
     `split_operand`), the primitive's `precision` param inside an emulation
     preset's lowering: DEFAULT's arithmetic, told that each chunk group holds
-    `terms` products of parts, so that the kernel's partial sums span no more
-    than one (the FFI attribute `laid_terms`)."""
+    `terms` products of parts (the FFI attribute `laid_terms`), so that the
+    kernel keeps it on tiles that sum it in partial sums of one chunk."""
 
     terms: int
 
@@ -52,12 +52,12 @@ class Split:
     They run as one product of `part` operands over K x len(terms): each
     operand's parts are laid along K chunk by chunk (`split_operand`), so one
     kernel call sums them all, with no pass to add partial products; the
-    kernel starts a fresh partial sum at least every chunk group
-    (`PartsLaid`), which keeps its truncating tensor-core sums as short as
-    those of XLA's separate products. `terms` is the order they are laid in
-    each chunk: the small products first, hi x hi last, so that they are not
-    added into a large sum (cpp/cuda/NOTES.md, "The emulation presets laid
-    chunk by chunk"). Special values: a non-finite x keeps p0 and has
+    kernel sums each chunk of one product of parts into a fresh partial sum
+    (`PartsLaid`: bfloat16 parts on wgmma), which keeps its truncating
+    tensor-core sums as short as those of XLA's separate products. `terms` is
+    the order they are laid in each chunk: the small products first, hi x hi
+    last (cpp/cuda/NOTES.md, "The emulation presets laid chunk by chunk").
+    Special values: a non-finite x keeps p0 and has
     zero lower parts, and p0 enters only the (0, 0) term as it is; in the
     other terms a non-finite p0 counts as zero, so inf * (a part that is 0)
     cannot make a NaN where the exact product is infinite (XLA's emulations
@@ -113,8 +113,11 @@ class Split:
 # `dropped` from those: what the parts leave of x and the terms left out
 # (lo*lo for X3; mid*lo, lo*mid, lo*lo for X6).
 BF16_X3 = Split("bfloat16", 2, ((0, 1), (1, 0), (0, 0)), dropped=2.0**-13)
+# Not in the CUDA table (PRESETS: slower than HIGH there); tools/split_high.py
+# and the tests of the split read them.
 BF16_X6 = Split("bfloat16", 3, ((1, 1), (0, 2), (2, 0), (0, 1), (1, 0), (0, 0)), 2.0**-20)
 TF32_X3 = Split("tf32", 2, ((0, 1), (1, 0), (0, 0)), dropped=2.0**-19)
+SPLITS = {"BF16_BF16_F32_X3": BF16_X3, "BF16_BF16_F32_X6": BF16_X6, "TF32_TF32_F32_X3": TF32_X3}
 
 # Per part type: the bits it keeps of a float32, and the largest finite part's bits.
 _PART_MASK = {"bfloat16": 0xFFFF0000, "tf32": 0xFFFFE000}
@@ -199,15 +202,17 @@ class Mode:
 
 _D, _H, _X = lax.Precision.DEFAULT, lax.Precision.HIGH, lax.Precision.HIGHEST
 
+_FASTER_AS_HIGH = "four TF32 products (HIGH): faster on an H100 than the preset's own parts"
+
 # Backend -> the presets jnp.matmul takes there -> what jax_tiled runs for them.
 # CPU: jax's own list (XLA's CPU runtime ignores the algorithm; jax refuses the
 # presets it cannot honour), and the CPU kernel is exact fp32 at every mode.
 # CUDA: XLA's GPU support (xla/service/algorithm_util.cc,
 # IsSupportedDotAlgorithmOnGpu, for sm_80+; F16_F16_F16 and BF16_BF16_BF16 are
 # not among them, the ANY_F8 presets take float8 operands only, which jax_tiled
-# does not compute). The emulation presets compute their own arithmetic: the
-# products of bfloat16 (or TF32) parts their names count (`Split`); X9 runs
-# as HIGH.
+# does not compute). BF16_BF16_F32_X3 computes its own arithmetic, the three
+# products of bfloat16 parts (`Split`); the other emulation presets run as
+# HIGH, where they were measured slower as parts.
 PRESETS: dict[str, dict[Preset, Mode]] = {
     "cpu": {
         Preset.DEFAULT: Mode(_D),
@@ -223,12 +228,14 @@ PRESETS: dict[str, dict[Preset, Mode]] = {
         Preset.F16_F16_F32: Mode(_X),
         Preset.BF16_BF16_F32: Mode(_X, round_float32_to=BF16),
         Preset.BF16_BF16_F32_X3: Mode(_D, split=BF16_X3),
-        Preset.BF16_BF16_F32_X6: Mode(_D, split=BF16_X6),
-        # Nine bfloat16 products are slower than HIGHEST itself on an H100;
-        # HIGH is faster than HIGHEST and more accurate (cpp/cuda/NOTES.md).
-        Preset.BF16_BF16_F32_X9: Mode(_H, why="four TF32 products: faster than nine bf16 ones"),
+        # Their parts laid along K (BF16_X6, TF32_X3) ran slower than HIGH on an
+        # H100, which is also the more accurate (cpp/cuda/NOTES.md, "The
+        # emulation presets laid chunk by chunk"); nine bfloat16 products
+        # were slower than HIGHEST itself.
+        Preset.BF16_BF16_F32_X6: Mode(_H, why=_FASTER_AS_HIGH),
+        Preset.BF16_BF16_F32_X9: Mode(_H, why=_FASTER_AS_HIGH),
         Preset.TF32_TF32_F32: Mode(_D),
-        Preset.TF32_TF32_F32_X3: Mode(_D, split=TF32_X3),
+        Preset.TF32_TF32_F32_X3: Mode(_H, why=_FASTER_AS_HIGH),
         Preset.F32_F32_F32: Mode(_X),
         Preset.F64_F64_F64: Mode(_X),
     },

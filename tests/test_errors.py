@@ -210,6 +210,14 @@ def test_cuda_handler_refuses_negative_spare_sms():
             jax.block_until_ready(handler_call("cuda", a, a, (1, 8, 8), jnp.float32, spare_sms=-1))
 
 
+@pytest.mark.gpu
+def test_cuda_handler_refuses_laid_terms_below_one():
+    a = jnp.ones((1, 8, 8), jnp.float32)
+    with jax.default_device(jax.devices("cuda")[0]):
+        with pytest.raises(Exception, match="laid_terms must be at least 1, got 0"):
+            jax.block_until_ready(handler_call("cuda", a, a, (1, 8, 8), jnp.float32, laid_terms=0))
+
+
 def _call_handler(
     a, b, out_shape, out_dtype=jnp.float32, kernel="auto", precision=0, stack_indices=()
 ):

@@ -70,9 +70,9 @@ struct Product {
   // > 1: the operands are an emulation preset's parts laid along K
   // (jax_tiled/_presets.py, split_operand): chunk by chunk, each chunk one
   // slab of wgmma's (a 128-byte row of K) and one product of parts, this
-  // many a chunk group, the small products first. A kernel that blocks its
-  // sums starts a fresh partial sum at least every group, so that no partial
-  // adds a chunk's small products into a large sum of earlier hi x hi ones.
+  // many a chunk group, the small products first. wgmma's 16-bit partial
+  // sums are one slab deep, so each holds one product of parts over one
+  // chunk; planners keep such products on tiles with room for them.
   int laid_terms = 1;
 
   // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.
@@ -110,10 +110,6 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
-  // > 0: a fresh partial sum every this many slabs, counted from K's first
-  // (wgmma's one TF32 pass over parts laid along K: Product::laid_terms); 0:
-  // the kernel's own depth.
-  int slabs_per_partial = 0;
   // Set where the width was chosen at run time (kernel 1's "smem").
   RuntimeWidth runtime_width{};
   // Describe's words in place of "block_m x block_n tiles", for a kernel whose

@@ -163,9 +163,6 @@ std::string LaunchPlan::Describe() const {
     text += ", K split in " + std::to_string(split_groups) +
             " parts, a block each (partial sums added in part order from scratch by a second "
             "kernel)";
-  if (slabs_per_partial)
-    text += ", a fresh partial sum every " + std::to_string(slabs_per_partial) +
-            " slabs (each chunk group of the parts laid along K)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
   if (persistent_blocks)

@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 import jax_tiled
-from jax_tiled import _ffi
+from jax_tiled import _ffi, _presets
 
 # (m, k, n). The odd ones take every kernel but the Hopper one, whose copy
 # engine needs rows of a multiple of 16 bytes: the aligned ones take it too.
@@ -54,16 +54,11 @@ WIDE_SHAPE = (1024, 8192, 1024)
 # 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts.
 THIN_DEEP_SHAPE = (16, 9000, 136)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
-# The emulation presets' products of parts laid along K (on the Hopper kernel:
-# a fresh TF32 partial sum every chunk group of 3 slabs, from K's first, also
-# where K is split across clusters): K of 600 split, K of 41 in one short
-# chunk, 4000 deep.
+# The emulation presets CUDA runs as products of parts laid along K (on the
+# Hopper kernel: 128 x 128 tiles, K split across clusters for K of 600): K of
+# 41 in one short chunk, 4000 deep.
 LAID_SHAPES = [(72, 600, 136), (33, 41, 65), (136, 4000, 72)]
-EMULATIONS = [
-    lax.DotAlgorithmPreset.BF16_BF16_F32_X3,
-    lax.DotAlgorithmPreset.BF16_BF16_F32_X6,
-    lax.DotAlgorithmPreset.TF32_TF32_F32_X3,
-]
+EMULATIONS = [preset for preset, mode in _presets.PRESETS["cuda"].items() if mode.split]
 
 
 def precisions(kernel: str, dtype, out_dtype, problem) -> list:
@@ -131,8 +126,8 @@ def run_laid(kernel: str, rng) -> int:
     for (m, k, n), preset, (ta, tb) in itertools.product(
         LAID_SHAPES, EMULATIONS, itertools.product((False, True), repeat=2)
     ):
-        part = jnp.bfloat16 if preset.name.startswith("BF16") else np.float32
-        laid_k = k * (6 if preset.name.endswith("X6") else 3)
+        split = _presets.PRESETS["cuda"][preset].split
+        part, laid_k = split.dtype, k * len(split.terms)
         if _ffi.refusal(
             "cuda", kernel, part, np.float32, (1, 1, m, n, laid_k, ta, tb), lax.Precision.DEFAULT
         ):

@@ -371,16 +371,6 @@ struct WgmmaProducer {
   }
 };
 
-// Slabs (one 128-byte row of K each) per partial sum of one pass where a
-// consumer blocks its sums: 64 of K for 16-bit inputs, 256 for TF32.
-constexpr int WgmmaSlabsPerPartial(bool tf32) {
-  return tf32 ? kTf32TruncatedSumDepth / hopper::kSwizzleElements<float>
-              : kTruncatedSumDepth / hopper::kSwizzleElements<__half>;
-}
-static_assert(kTf32TruncatedSumDepth % hopper::kSwizzleElements<float> == 0 &&
-                  kTruncatedSumDepth % hopper::kSwizzleElements<__half> == 0,
-              "a partial sum is whole slabs");
-
 // Warpgroups 1 and 2, 64 rows of the tile each: wgmma over the tile's slabs
 // into acc, releasing each stage to the producer once its wgmmas retired.
 template <class Cfg, class Ops>
@@ -395,30 +385,22 @@ struct WgmmaConsumer {
   // (kPartialsPerGroup at a time) where a third set fits.
   static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
   static constexpr bool kGrouped = (Ops::kSplit || kBlocked) && Cfg::kRoomForGroupedSum;
-  static constexpr int kSlabsPerPartial = kBlocked ? WgmmaSlabsPerPartial(Ops::kTf32) : 1;
-  // Parts laid along K (Product::laid_terms) end a partial sum with each
-  // chunk group, counted from K's first slab: at most kSlabsPerPartial slabs
-  // (LaunchPlan::slabs_per_partial; a run-time value where that is more than one).
-  static constexpr bool kLaidPartials = kBlocked && kSlabsPerPartial > 1;
+  static constexpr int kPartialDepth = Ops::kTf32 ? kTf32TruncatedSumDepth : kTruncatedSumDepth;
+  static constexpr int kSlabsPerPartial = kBlocked ? kPartialDepth / Tiles::kSlab : 1;
+  static_assert(kPartialDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
 
   float acc[Cfg::kBlockN / 2];
   float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
   float group[kGrouped ? Cfg::kBlockN / 2 : 1];
   int partials_in_group;
-  const int slabs_per_partial;  // kSlabsPerPartial, or a laid product's chunk group
-  int partial_offset = 0;       // the unit's first slab's place in its partial sum
   // TF32 A operands of two slabs: one being read by wgmmas in flight, one loading.
   A even, odd;
   StageCursor<Cfg::kStages> at;
   const int a_rows;  // this warpgroup's first row of the tile
   const int warp, lane;
 
-  // laid_slabs: LaunchPlan::slabs_per_partial (0: kSlabsPerPartial).
-  __device__ __forceinline__ explicit WgmmaConsumer(int laid_slabs)
-      : slabs_per_partial(kLaidPartials && laid_slabs > 0 ? laid_slabs : kSlabsPerPartial),
-        a_rows(64 * (WarpgroupIndex() - 1)),
-        warp(threadIdx.x / 32 % 4),
-        lane(threadIdx.x % 32) {
+  __device__ __forceinline__ WgmmaConsumer()
+      : a_rows(64 * (WarpgroupIndex() - 1)), warp(threadIdx.x / 32 % 4), lane(threadIdx.x % 32) {
     hopper::GrowRegisters<Cfg::kConsumerRegisters>();
   }
 
@@ -434,9 +416,6 @@ struct WgmmaConsumer {
   // acc = this warpgroup's rows of the unit's product.
   __device__ __forceinline__ void Mainloop(const Stages& stages, const WorkUnit& unit) {
     const int slabs = unit.slab_end - unit.slab_begin;  // counted from 0 below
-    if constexpr (kLaidPartials)
-      partial_offset =
-          slabs_per_partial < kSlabsPerPartial ? unit.slab_begin % slabs_per_partial : 0;
     int previous = -1;  // the stage whose wgmmas may still be reading
     if constexpr (Ops::kSplit || kBlocked)
 #pragma unroll
@@ -487,8 +466,7 @@ struct WgmmaConsumer {
     } else {
       // The running sum these wgmmas add into, and whether they start it afresh.
       auto& sum = SumOf();
-      const bool fresh =
-          kBlocked ? slab == 0 || (slab + partial_offset) % SlabsPerPartial() == 0 : slab == 0;
+      const bool fresh = kBlocked ? slab % kSlabsPerPartial == 0 : slab == 0;
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         const int accumulate = !fresh || step > 0;  // 0: the sum's first product overwrites
@@ -499,7 +477,7 @@ struct WgmmaConsumer {
               sum, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), accumulate);
       }
       hopper::WgmmaCommit();
-      if (kBlocked && ((slab + partial_offset + 1) % SlabsPerPartial() == 0 || slab + 1 == slabs)) {
+      if (kBlocked && ((slab + 1) % kSlabsPerPartial == 0 || slab + 1 == slabs)) {
         // The partial sum is complete: retire every wgmma (the other consumer
         // warpgroup keeps the tensor cores busy meanwhile), add it into acc,
         // and hand back both stages still held.
@@ -526,11 +504,6 @@ struct WgmmaConsumer {
     } else if (lane < Cfg::kClusterM) {
       hopper::ArriveInCluster(&stages.empty[stage], lane);
     }
-  }
-
-  __device__ __forceinline__ int SlabsPerPartial() const {
-    if constexpr (kLaidPartials) return slabs_per_partial;
-    else return kSlabsPerPartial;
   }
 
   // What one pass's wgmmas add into: the partial sum, or acc itself.
@@ -957,7 +930,7 @@ template <class Cfg, class Ops, class Scheduler, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
                 const __grid_constant__ CUtensorMap b_map, MatmulDims dims,
-                const __grid_constant__ typename Epilogue::Params out, int laid_slabs) {
+                const __grid_constant__ typename Epilogue::Params out) {
 #if JAX_TILED_SM90A
   static_assert(!Epilogue::kOverStages || Scheduler::kOneUnitABlock,
                 "the stages are free for an epilogue only after a block's last unit");
@@ -978,7 +951,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Producer::Run(stages, &a_map, &b_map, dims);
     Epilogue::Join();
   } else {
-    WgmmaConsumer<Cfg, Ops> consumer(laid_slabs);
+    WgmmaConsumer<Cfg, Ops> consumer;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       consumer.Mainloop(stages, unit);
@@ -1222,9 +1195,7 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   launch.stream = context.stream;
   launch.attrs = &cluster;
   launch.numAttrs = cluster_size > 1 ? 1 : 0;
-  if (cudaError_t err =
-          cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, params, plan.slabs_per_partial))
-    return err;
+  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, params)) return err;
   return Epilogue::FixUp(params, dims, plan, context);
 }
 
@@ -1271,17 +1242,6 @@ inline constexpr Takes kWgmmaTakes = [] {
   return takes;
 }();
 
-// A product of parts laid along K (Product::laid_terms): its partial sums
-// end with each chunk group where the pass's own are deeper (TF32's 256 of K
-// would hold 2.7 groups of three, and add each chunk's small products into
-// a sum of earlier hi x hi ones: at 512 x 8192 x 512, tools/tensor_core_sums.py
-// gives 6.9e-7 error against 1.1e-7 ending them with each group; NOTES.md,
-// "The emulation presets laid chunk by chunk"). 0: the pass's own.
-inline int WgmmaLaidSlabsPerPartial(const Product& p) {
-  const int own = WgmmaSlabsPerPartial(p.in_type == Dtype::kF32);
-  return p.laid_terms > 1 && p.laid_terms < own ? p.laid_terms : 0;
-}
-
 // The plan for a product: for 3xTF32, 128 x 128 tiles with K split across
 // clusters where the tiles alone would leave most SMs idle (as for one pass,
 // below), else WgmmaRewritingB; WgmmaRewritingB too for TF32 with both
@@ -1294,8 +1254,8 @@ inline int WgmmaLaidSlabsPerPartial(const Product& p) {
 // swapped output is then 64 or fewer columns wide. Whole tiles run on a
 // persistent grid of one block per SM (whole clusters), or per tile where
 // there are fewer. Parts laid along K (Product::laid_terms) never take the
-// 128 x 256 tiles, and end their partial sums as WgmmaLaidSlabsPerPartial says.
-inline LaunchPlan PlanWgmmaTiles(const Product& p, int multiprocessors, ClustersHeld held) {
+// 128 x 256 tiles.
+inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
   auto plan = [&](auto cfg) {
@@ -1331,7 +1291,7 @@ inline LaunchPlan PlanWgmmaTiles(const Product& p, int multiprocessors, Clusters
                : split_k(WgmmaSplitKSkinny{}).value_or(plan(WgmmaSkinny{}));
   // Parts laid along K need blocked sums, for which 128 x 256 tiles have no
   // room: one running sum over K x terms leans toward zero (NOTES.md, "The
-  // emulation presets as parts laid along K").
+  // emulation presets laid chunk by chunk").
   const bool laid = p.laid_terms > 1;
   if (!laid && WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
@@ -1340,12 +1300,6 @@ inline LaunchPlan PlanWgmmaTiles(const Product& p, int multiprocessors, Clusters
   if (!laid && WgmmaSplitsWide(arranged, sixteen_bit_result, multiprocessors, slab_depth, held))
     if (std::optional<LaunchPlan> wide = split_k(WgmmaSplitKWide{})) return *wide;
   return split_k(WgmmaSplitK{}).value_or(plan(WgmmaNarrow{}));
-}
-
-inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
-  LaunchPlan plan = PlanWgmmaTiles(p, multiprocessors, held);
-  plan.slabs_per_partial = WgmmaLaidSlabsPerPartial(p);
-  return plan;
 }
 
 // The descriptor's launcher for one input type (kernel.h,
