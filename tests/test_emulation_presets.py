@@ -25,12 +25,13 @@ EMULATIONS = [p for p, mode in _presets.PRESETS["cuda"].items() if mode.split is
 
 # (platform, preset): on the CPU every split, the CPU table given it for the
 # test; on CUDA the presets its table runs so.
-CASES = [("cpu", Preset[name]) for name in _presets.SPLITS] + [
-    pytest.param("cuda", preset, marks=pytest.mark.gpu) for preset in EMULATIONS
+CASES = [pytest.param(("cpu", Preset[name]), id=f"cpu-{name}") for name in _presets.SPLITS] + [
+    pytest.param(("cuda", preset), marks=pytest.mark.gpu, id=f"cuda-{preset.name}")
+    for preset in EMULATIONS
 ]
 
 
-@pytest.fixture(params=CASES, ids=lambda case: str(case))
+@pytest.fixture(params=CASES)
 def emulated_on(request, monkeypatch):
     """(platform, preset): an emulation preset with its own arithmetic on
     `platform`, jax's default device there."""
