@@ -126,10 +126,11 @@ def run_laid(kernel: str, rng) -> int:
     for (m, k, n), preset, (ta, tb) in itertools.product(
         LAID_SHAPES, EMULATIONS, itertools.product((False, True), repeat=2)
     ):
-        split = _presets.PRESETS["cuda"][preset].split
-        part, laid_k = split.dtype, k * len(split.terms)
+        run = _presets.resolve("cuda", preset, np.float32, np.float32)
+        parts = run.kernel_run()  # what the kernel itself is given: the parts, over K x terms
+        laid = run.kernel_problem((1, 1, m, n, k, ta, tb))
         if _ffi.refusal(
-            "cuda", kernel, part, np.float32, (1, 1, m, n, laid_k, ta, tb), lax.Precision.DEFAULT
+            "cuda", kernel, parts.operand_dtype, parts.product_dtype, laid, parts.precision
         ):
             continue
         a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
