@@ -214,13 +214,16 @@ def wgmma_plan(split: _presets.Split, m, n, k, laid_terms):
 @needs_cuda_module
 @pytest.mark.parametrize("preset", EMULATIONS, ids=str)
 def test_laid_parts_run_on_tiles_with_blocked_sums(preset):
-    """The parts' product is summed in partial sums of one chunk (a slab):
-    not on wgmma's 128 x 256 tiles, which have no room for a second set of
-    accumulators and keep one running sum over K x terms."""
+    """The parts' product is summed in partial sums of one chunk group (the
+    terms' slabs of one chunk): not on wgmma's 128 x 256 tiles, which have
+    no room for a second set of accumulators and keep one running sum over
+    K x terms."""
     split, terms = split_of(preset), len(split_of(preset).terms)
     for m, n, k in [(4096, 4096, 4096), (512, 512, 8192), (1024, 1024, 1024)]:
         laid = wgmma_plan(split, m, n, k, terms)
         assert laid.block_n <= 128, (m, n, k, laid)
+        # Partial sums of one chunk group: the 3 slabs of X3's three products.
+        assert f"partial sums of {terms} slabs" in laid.text, laid
     # The same product of one part each runs on the wide tiles.
     assert wgmma_plan(split, 4096, 4096, 4096, 1).block_n == 256
 

@@ -110,6 +110,10 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
+  // > 0: the consumers' partial sums hold this many slabs, a configuration's
+  // own depth (wgmma's products of parts laid along K: a chunk group); 0:
+  // the pass's own.
+  int partial_slabs = 0;
   // Set where the width was chosen at run time (kernel 1's "smem").
   RuntimeWidth runtime_width{};
   // Describe's words in place of "block_m x block_n tiles", for a kernel whose
@@ -121,7 +125,8 @@ struct LaunchPlan {
   // configuration runs any split count).
   bool SameConfig(const LaunchPlan& cfg) const {
     return block_m == cfg.block_m && block_n == cfg.block_n && stages == cfg.stages &&
-           cluster_m == cfg.cluster_m && (split_k > 1) == (cfg.split_k > 1);
+           cluster_m == cfg.cluster_m && (split_k > 1) == (cfg.split_k > 1) &&
+           partial_slabs == cfg.partial_slabs;
   }
   // The grid's blocks.
   int Blocks(int64_t tiles) const {
@@ -146,6 +151,11 @@ struct ClusterOf : std::integral_constant<int, 1> {};
 template <class Cfg>
 struct ClusterOf<Cfg, std::void_t<decltype(Cfg::kClusterM)>>
     : std::integral_constant<int, Cfg::kClusterM> {};
+template <class Cfg, class = void>
+struct PartialSlabsOf : std::integral_constant<int, 0> {};
+template <class Cfg>
+struct PartialSlabsOf<Cfg, std::void_t<decltype(Cfg::kPartialSlabs)>>
+    : std::integral_constant<int, Cfg::kPartialSlabs> {};
 }  // namespace detail
 
 // The plan a kernel's compile-time configuration runs; split_k is the split
@@ -153,13 +163,15 @@ struct ClusterOf<Cfg, std::void_t<decltype(Cfg::kClusterM)>>
 template <class Cfg>
 constexpr LaunchPlan PlanOf(bool swap_ab = false, int persistent_blocks = 0,
                             int split_k = detail::SplitsK<Cfg>::value ? 2 : 1) {
-  return {Cfg::kBlockM,
-          Cfg::kBlockN,
-          detail::StagesOf<Cfg>::value,
-          detail::ClusterOf<Cfg>::value,
-          swap_ab,
-          persistent_blocks,
-          split_k};
+  LaunchPlan plan{Cfg::kBlockM,
+                  Cfg::kBlockN,
+                  detail::StagesOf<Cfg>::value,
+                  detail::ClusterOf<Cfg>::value,
+                  swap_ab,
+                  persistent_blocks,
+                  split_k};
+  plan.partial_slabs = detail::PartialSlabsOf<Cfg>::value;
+  return plan;
 }
 
 // Calls f(Cfg{}) for the configuration among Cfgs that `plan` names: a

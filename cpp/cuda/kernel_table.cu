@@ -163,6 +163,9 @@ std::string LaunchPlan::Describe() const {
     text += ", K split in " + std::to_string(split_groups) +
             " parts, a block each (partial sums added in part order from scratch by a second "
             "kernel)";
+  if (partial_slabs)
+    text += ", partial sums of " + std::to_string(partial_slabs) +
+            " slabs (a chunk group of the parts laid along K)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
   if (persistent_blocks)

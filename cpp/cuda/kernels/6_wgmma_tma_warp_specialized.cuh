@@ -119,6 +119,16 @@ using WgmmaSplitKWide = WgmmaConfig<256, 4, 1, true>;
 // wgmma's N, WgmmaSwapsAB): 128 x 64 tiles, 8 stages of 24 KB, where 128-wide
 // ones would copy and multiply a B slab mostly of zeros.
 using WgmmaSplitKSkinny = WgmmaConfig<64, 8, 1, true>;
+// 16-bit parts of BF16_BF16_F32_X3 laid along K (Product::laid_terms 3),
+// into float32: 128 x 128 tiles, whole K or split, whose partial sums hold
+// one chunk group of 3 slabs, where 16-bit inputs' own hold one slab and
+// drain the warpgroup's wgmmas at each (NOTES.md, "Next, from the model").
+template <class Cfg>
+struct WgmmaLaidX3 : Cfg {
+  static constexpr int kPartialSlabs = 3;
+};
+using WgmmaNarrowLaidX3 = WgmmaLaidX3<WgmmaNarrow>;
+using WgmmaSplitKLaidX3 = WgmmaLaidX3<WgmmaSplitK>;
 
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
@@ -386,8 +396,11 @@ struct WgmmaConsumer {
   static constexpr bool kBlocked = !Ops::kSplit && Cfg::kRoomForBlockedSum;
   static constexpr bool kGrouped = (Ops::kSplit || kBlocked) && Cfg::kRoomForGroupedSum;
   static constexpr int kPartialDepth = Ops::kTf32 ? kTf32TruncatedSumDepth : kTruncatedSumDepth;
-  static constexpr int kSlabsPerPartial = kBlocked ? kPartialDepth / Tiles::kSlab : 1;
   static_assert(kPartialDepth % Tiles::kSlab == 0, "a partial sum is whole slabs");
+  static constexpr int kSlabsPerPartial = !kBlocked ? 1
+                                          : detail::PartialSlabsOf<Cfg>::value
+                                              ? detail::PartialSlabsOf<Cfg>::value
+                                              : kPartialDepth / Tiles::kSlab;
 
   float acc[Cfg::kBlockN / 2];
   float partial[Ops::kSplit || kBlocked ? Cfg::kBlockN / 2 : 1];
@@ -1299,6 +1312,9 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
       p.in_type != Dtype::kF32 && (DtypeBits(p.out_type) & kSixteenBit) != 0;
   if (!laid && WgmmaSplitsWide(arranged, sixteen_bit_result, multiprocessors, slab_depth, held))
     if (std::optional<LaunchPlan> wide = split_k(WgmmaSplitKWide{})) return *wide;
+  if (p.in_type != Dtype::kF32 && p.out_type == Dtype::kF32 &&
+      p.laid_terms == WgmmaNarrowLaidX3::kPartialSlabs)
+    return split_k(WgmmaSplitKLaidX3{}).value_or(plan(WgmmaNarrowLaidX3{}));
   return split_k(WgmmaSplitK{}).value_or(plan(WgmmaNarrow{}));
 }
 
@@ -1338,6 +1354,10 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (!kTf32 && sizeof(Out) == 2)
       return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny,
                         WgmmaSplitKWide>(plan, launch);
+    // The laid parts' chunk groups only where PlanWgmma may choose them: 16-bit into float32.
+    else if constexpr (!kTf32 && std::is_same_v<Out, float>)
+      return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny,
+                        WgmmaNarrowLaidX3, WgmmaSplitKLaidX3>(plan, launch);
     else
       return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny>(plan,
                                                                                         launch);
