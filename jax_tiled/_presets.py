@@ -36,8 +36,8 @@ class PartsLaid:
     """The kernel precision of a product of parts laid along K (`Split`,
     `split_operand`), the primitive's `precision` param inside an emulation
     preset's lowering: DEFAULT's arithmetic, told that each chunk group holds
-    `terms` products of parts (the FFI attribute `laid_terms`), so that the
-    kernel keeps it on tiles that sum it in partial sums of one chunk."""
+    `terms` products of parts (the FFI attribute `laid_terms`), so that a
+    kernel off its widest tiles sums one chunk group a partial sum."""
 
     terms: int
 
@@ -51,10 +51,11 @@ class Split:
 
     They run as one product of `part` operands over K x len(terms): each
     operand's parts are laid along K chunk by chunk (`split_operand`), so one
-    kernel call sums them all, with no pass to add partial products; the
-    kernel sums each chunk of one product of parts into a fresh partial sum
-    (`PartsLaid`: bfloat16 parts on wgmma), which keeps its truncating
-    tensor-core sums as short as those of XLA's separate products. `terms` is
+    kernel call sums them all, with no pass to add partial products. On
+    wgmma's 128 x 256 tiles that is one running sum over K x terms, whose
+    truncating tensor-core sums cost about the error of XLA's separate
+    products; on the others each chunk group (every term's chunk) goes into
+    a fresh partial sum (`PartsLaid`), far shorter sums. `terms` is
     the order they are laid in each chunk: the small products first, hi x hi
     last (cpp/cuda/NOTES.md, "The emulation presets laid chunk by chunk").
     Special values: a non-finite x keeps p0 and has
@@ -152,36 +153,46 @@ def split_operand(x, split: Split, side: int, k_axis: int):
         rest = rest - parts[-1]
         parts.append(_round_part(rest, split.part, past_largest))
     finite = jnp.isfinite(x)
-    lower = [jnp.where(finite, p, 0) for p in parts[1:]]
-    hi_in_other_terms = jnp.where(finite, parts[0], 0)
+    # Each part in its storage dtype as soon as it is made (exact there): the
+    # layout below then moves the narrow values.
+    lower = [jnp.where(finite, p, 0).astype(split.dtype) for p in parts[1:]]
+    hi = parts[0].astype(split.dtype)
+    hi_in_other_terms = jnp.where(finite, parts[0], 0).astype(split.dtype)
 
     def part_for(term):
         i = term[side]
         if i > 0:
             return lower[i - 1]
-        return parts[0] if term == (0, 0) else hi_in_other_terms
+        return hi if term == (0, 0) else hi_in_other_terms
 
     k_axis %= x.ndim
-    k, chunk, terms = x.shape[k_axis], split.chunk, len(split.terms)
-    taken = jnp.stack([part_for(t) for t in split.terms], axis=k_axis)  # terms before K
+    k, chunk = x.shape[k_axis], split.chunk
+    if k == 0:
+        return jnp.zeros(x.shape, split.dtype)
+    taken = [part_for(t) for t in split.terms]
+    lead, trail = x.shape[:k_axis], x.shape[k_axis + 1 :]
 
-    def laid(piece, length):
-        """(..., terms, length of K, ...) -> (..., chunks, terms, chunk, ...), flat along K."""
-        chunks = length // min(chunk, length)
-        shape = (*piece.shape[:k_axis], terms, chunks, length // chunks, *piece.shape[k_axis + 2 :])
-        piece = jnp.swapaxes(piece.reshape(shape), k_axis, k_axis + 1)
-        return piece.reshape(*piece.shape[:k_axis], length * terms, *piece.shape[k_axis + 3 :])
+    def laid(begin, end):
+        """The terms' parts over K's [begin, end), whole chunks or one shorter
+        one, as (..., chunks, terms, chunk, ...) flat along K: each part
+        reshaped and the terms concatenated, with no transpose, which XLA
+        fuses into one pass an operand (the transposing layout this replaced
+        took 28% longer on an H100: cpp/cuda/NOTES.md, "BF16_BF16_F32_X3 on the
+        wide tiles")."""
+        length = end - begin
+        width = min(chunk, length)
+        grouped = [
+            lax.slice_in_dim(part, begin, end, axis=k_axis).reshape(
+                *lead, length // width, 1, width, *trail
+            )
+            for part in taken
+        ]
+        out = jnp.concatenate(grouped, axis=k_axis + 1)
+        return out.reshape(*lead, length * len(taken), *trail)
 
     whole = k - k % chunk
-    pieces = [
-        laid(lax.slice_in_dim(taken, begin, end, axis=k_axis + 1), end - begin)
-        for begin, end in ((0, whole), (whole, k))
-        if end > begin
-    ]
-    if not pieces:  # K = 0
-        return jnp.zeros(x.shape, split.dtype)
-    out = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=k_axis)
-    return out.astype(split.dtype)
+    pieces = [laid(begin, end) for begin, end in ((0, whole), (whole, k)) if end > begin]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=k_axis)
 
 
 @dataclasses.dataclass(frozen=True)
