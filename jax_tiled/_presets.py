@@ -36,8 +36,8 @@ class PartsLaid:
     """The kernel precision of a product of parts laid along K (`Split`,
     `split_operand`), the primitive's `precision` param inside an emulation
     preset's lowering: DEFAULT's arithmetic, told that each chunk group holds
-    `terms` products of parts (the FFI attribute `laid_terms`), so that a
-    kernel off its widest tiles sums one chunk group a partial sum."""
+    `terms` products of parts (the FFI attribute `laid_terms`), so that the
+    kernel keeps it on tiles that sum one chunk group a partial sum."""
 
     terms: int
 
@@ -51,11 +51,11 @@ class Split:
 
     They run as one product of `part` operands over K x len(terms): each
     operand's parts are laid along K chunk by chunk (`split_operand`), so one
-    kernel call sums them all, with no pass to add partial products. On
-    wgmma's 128 x 256 tiles that is one running sum over K x terms, whose
-    truncating tensor-core sums cost about the error of XLA's separate
-    products; on the others each chunk group (every term's chunk) goes into
-    a fresh partial sum (`PartsLaid`), far shorter sums. `terms` is
+    kernel call sums them all, with no pass to add partial products; the
+    kernel sums each chunk group (every term's chunk) into a fresh partial
+    sum (`PartsLaid`: bfloat16 parts on wgmma), which keeps its truncating
+    tensor-core sums as short as those of XLA's separate products, or
+    shorter. `terms` is
     the order they are laid in each chunk: the small products first, hi x hi
     last (cpp/cuda/NOTES.md, "The emulation presets laid chunk by chunk").
     Special values: a non-finite x keeps p0 and has
@@ -177,8 +177,8 @@ def split_operand(x, split: Split, side: int, k_axis: int):
         one, as (..., chunks, terms, chunk, ...) flat along K: each part
         reshaped and the terms concatenated, with no transpose, which XLA
         fuses into one pass an operand (the transposing layout this replaced
-        took 28% longer on an H100: cpp/cuda/NOTES.md, "BF16_BF16_F32_X3 on the
-        wide tiles")."""
+        took 28% longer on an H100: cpp/cuda/NOTES.md, "BF16_BF16_F32_X3: chunk
+        groups, not the wide tiles")."""
         length = end - begin
         width = min(chunk, length)
         grouped = [

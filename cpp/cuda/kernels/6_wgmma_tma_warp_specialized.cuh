@@ -1266,9 +1266,9 @@ inline constexpr Takes kWgmmaTakes = [] {
 // stored MN-major and A not, and for 16-bit inputs with a few rows, whose
 // swapped output is then 64 or fewer columns wide. Whole tiles run on a
 // persistent grid of one block per SM (whole clusters), or per tile where
-// there are fewer. BF16_BF16_F32_X3's parts laid along K (Product::laid_terms
-// 3) into float32, where not on wide tiles, take 128 x 128 tiles whose partial
-// sums hold a chunk group (WgmmaLaidX3).
+// there are fewer. Parts laid along K (Product::laid_terms) never take the
+// 128 x 256 tiles; BF16_BF16_F32_X3's (laid_terms 3) into float32 take 128 x
+// 128 tiles whose partial sums hold a chunk group (WgmmaLaidX3).
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
   const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
@@ -1303,15 +1303,15 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     return WgmmaTilesFill(arranged, WgmmaSkinny::kBlockN, multiprocessors)
                ? plan(WgmmaSkinny{})
                : split_k(WgmmaSplitKSkinny{}).value_or(plan(WgmmaSkinny{}));
-  // Parts laid along K (Product::laid_terms) take the wide tiles where any
-  // product would: one running sum over K x terms, whose error is about that
-  // of XLA's separate products of parts (NOTES.md, "BF16_BF16_F32_X3 on the
-  // wide tiles"); elsewhere X3's parts sum one chunk group a partial sum.
-  if (WgmmaUsesWideTiles(arranged, multiprocessors))
+  // Parts laid along K need blocked sums, for which 128 x 256 tiles have no
+  // room: one running sum over K x terms there had up to 14x jnp's error
+  // (NOTES.md, "BF16_BF16_F32_X3: chunk groups, not the wide tiles").
+  const bool laid = p.laid_terms > 1;
+  if (!laid && WgmmaUsesWideTiles(arranged, multiprocessors))
     return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
   const bool sixteen_bit_result =
       p.in_type != Dtype::kF32 && (DtypeBits(p.out_type) & kSixteenBit) != 0;
-  if (WgmmaSplitsWide(arranged, sixteen_bit_result, multiprocessors, slab_depth, held))
+  if (!laid && WgmmaSplitsWide(arranged, sixteen_bit_result, multiprocessors, slab_depth, held))
     if (std::optional<LaunchPlan> wide = split_k(WgmmaSplitKWide{})) return *wide;
   if (p.in_type != Dtype::kF32 && p.out_type == Dtype::kF32 &&
       p.laid_terms == WgmmaNarrowLaidX3::kPartialSlabs)
