@@ -55,10 +55,9 @@ class Split:
     kernel sums each chunk group (every term's chunk) into a fresh partial
     sum (`PartsLaid`: bfloat16 parts on wgmma), which keeps its truncating
     tensor-core sums as short as those of XLA's separate products, or
-    shorter. `terms` is
-    the order they are laid in each chunk: the small products first, hi x hi
-    last (cpp/cuda/NOTES.md, "The emulation presets laid chunk by chunk").
-    Special values: a non-finite x keeps p0 and has
+    shorter. `terms` is the order they are laid in each chunk: the small
+    products first, hi x hi last (cpp/cuda/NOTES.md, "The emulation presets
+    laid chunk by chunk"). Special values: a non-finite x keeps p0 and has
     zero lower parts, and p0 enters only the (0, 0) term as it is; in the
     other terms a non-finite p0 counts as zero, so inf * (a part that is 0)
     cannot make a NaN where the exact product is infinite (XLA's emulations

@@ -70,9 +70,10 @@ struct Product {
   // > 1: the operands are an emulation preset's parts laid along K
   // (jax_tiled/_presets.py, split_operand): chunk by chunk, each chunk one
   // slab of wgmma's (a 128-byte row of K) and one product of parts, this
-  // many a chunk group, the small products first. wgmma's 16-bit partial
-  // sums are one slab deep, so each holds one product of parts over one
-  // chunk; planners keep such products on tiles with room for them.
+  // many a chunk group, the small products first. wgmma's planner keeps
+  // such products on tiles with room for partial sums, and BF16_BF16_F32_X3's
+  // (3) on configurations whose partial sums hold one chunk group
+  // (WgmmaLaidX3).
   int laid_terms = 1;
 
   // float32 on tensor cores: one TF32 pass at DEFAULT, 3xTF32 at HIGH.

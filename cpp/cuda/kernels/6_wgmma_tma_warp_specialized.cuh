@@ -122,7 +122,8 @@ using WgmmaSplitKSkinny = WgmmaConfig<64, 8, 1, true>;
 // 16-bit parts of BF16_BF16_F32_X3 laid along K (Product::laid_terms 3),
 // into float32: 128 x 128 tiles, whole K or split, whose partial sums hold
 // one chunk group of 3 slabs, where 16-bit inputs' own hold one slab and
-// drain the warpgroup's wgmmas at each (NOTES.md, "Next, from the model").
+// drain the warpgroup's wgmmas at each (NOTES.md, "BF16_BF16_F32_X3: chunk
+// groups, not the wide tiles").
 template <class Cfg>
 struct WgmmaLaidX3 : Cfg {
   static constexpr int kPartialSlabs = 3;
