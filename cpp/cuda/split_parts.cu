@@ -27,13 +27,6 @@ std::string Dims(ffi::Span<const int64_t> dims) {
   return text + ")";
 }
 
-int Multiprocessors() {
-  int device = 0, count = 132;
-  if (cudaGetDevice(&device) == cudaSuccess)
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-
 ffi::Error SplitPartsCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out,
                           bool k_minor, ffi::Span<const int32_t> terms, int32_t chunk) {
   if (x.element_type() != ffi::DataType::F32 || out->element_type() != ffi::DataType::BF16)
@@ -45,7 +38,8 @@ ffi::Error SplitPartsCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
   if (terms.size() < 1 || terms.size() > static_cast<size_t>(kMaxSplitTerms))
     return Invalid("takes 1 to " + std::to_string(kMaxSplitTerms) + " terms, got " +
                    std::to_string(terms.size()));
-  if (chunk < 1) return Invalid("chunk must be at least 1, got " + std::to_string(chunk));
+  if (chunk < 1 || (chunk & (chunk - 1)))
+    return Invalid("chunk must be a power of two, got " + std::to_string(chunk));
   const int64_t count = static_cast<int64_t>(terms.size());
   const int64_t batch = in_dims[0], rows = in_dims[1], cols = in_dims[2];
   if (out_dims[0] != batch || out_dims[1] != (k_minor ? rows : rows * count) ||
@@ -53,16 +47,18 @@ ffi::Error SplitPartsCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi
     return Invalid("the result of " + Dims(in_dims) + " with " + std::to_string(count) +
                    " terms laid along " + (k_minor ? "its rows" : "its columns") + " cannot be " +
                    Dims(out_dims));
+  int chunk_shift = 0;
+  while ((1 << chunk_shift) < chunk) ++chunk_shift;
   SplitLayout s{
-      batch * rows, cols, k_minor ? cols : rows, k_minor, chunk, static_cast<int>(count), 0};
+      batch * rows, cols, k_minor ? cols : rows, k_minor, chunk_shift, static_cast<int>(count), 0};
   for (int t = 0; t < s.terms; ++t) {
     if (terms[t] < 0 || terms[t] > static_cast<int32_t>(SplitPart::kLo))
       return Invalid("unknown part code " + std::to_string(terms[t]));
     s.parts |= static_cast<uint32_t>(terms[t]) << (2 * t);
   }
-  const cudaError_t err = LaunchSplitIntoLaidParts(static_cast<const float*>(x.untyped_data()),
-                                                   static_cast<uint16_t*>(out->untyped_data()), s,
-                                                   Multiprocessors(), stream);
+  const cudaError_t err =
+      LaunchSplitIntoLaidParts(static_cast<const float*>(x.untyped_data()),
+                               static_cast<uint16_t*>(out->untyped_data()), s, stream);
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string("tiled_split_parts: launch failed: ") +
                                 cudaGetErrorName(err) + ": " + cudaGetErrorString(err));

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace jax_tiled::cuda {
 
@@ -21,12 +23,12 @@ inline constexpr int kMaxSplitTerms = 4;
 struct SplitLayout {
   int64_t rows;  // the operand's (batch x rows, cols), row-major
   int64_t cols;
-  int64_t k;       // K: cols where k_minor, else the rows of one batch entry
-  bool k_minor;    // K runs along a row (a, or b transposed)
-  int64_t chunk;   // K per chunk
-  int terms;       // products of parts laid in each chunk
-  uint32_t parts;  // term t's SplitPart in bits 2t and 2t + 1 (no array: the
-                   // kernel would index it in local memory)
+  int64_t k;        // K: cols where k_minor, else the rows of one batch entry
+  bool k_minor;     // K runs along a row (a, or b transposed)
+  int chunk_shift;  // K per chunk: 1 << chunk_shift
+  int terms;        // products of parts laid in each chunk
+  uint32_t parts;   // term t's SplitPart in bits 2t and 2t + 1 (no array: the
+                    // kernel would index it in local memory)
   __host__ __device__ SplitPart Part(int t) const {
     return static_cast<SplitPart>((parts >> (2 * t)) & 3u);
   }
@@ -57,63 +59,62 @@ __device__ inline uint16_t PartOf(const Bf16Parts& p, SplitPart which) {
 }
 
 // Where element k of K lands along the laid K for term t: whole chunks hold
-// every term's chunk in turn; the last, shorter chunk likewise.
+// every term's chunk in turn; the last, shorter chunk likewise. Chunks are a
+// power of two wide (the handler checks), so no division.
 __device__ inline int64_t LaidPosition(int64_t k, int t, const SplitLayout& s) {
-  const int64_t whole = s.k - s.k % s.chunk;
+  const int64_t chunk = int64_t{1} << s.chunk_shift, whole = s.k & ~(chunk - 1);
   if (k < whole) {
-    const int64_t c = k / s.chunk;
-    return (c * s.terms + t) * s.chunk + (k - c * s.chunk);
+    const int64_t c = k >> s.chunk_shift;
+    return ((c * s.terms + t) << s.chunk_shift) + (k - (c << s.chunk_shift));
   }
-  const int64_t width = s.k - whole;
-  return whole * s.terms + t * width + (k - whole);
+  return whole * s.terms + t * (s.k - whole) + (k - whole);
 }
 
-// kVec neighbouring elements of a row a thread (2 where the columns are even:
-// a pair never straddles a chunk, since chunks and rows are even), one
-// 32-bit load and store of each term where kVec is 2.
+// A block row walks rows (grid-stride in y); each thread takes kVec
+// neighbouring elements of a row (kVec divides the columns, so a group never
+// straddles a chunk: chunks and the last chunk's width are multiples of it),
+// one load of them and one store of each term's kVec parts.
 template <int kVec>
 __global__ void SplitIntoLaidParts(const float* __restrict__ x, uint16_t* __restrict__ out,
                                    SplitLayout s) {
-  const int64_t groups = s.rows * s.cols / kVec;
-  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups;
-       g += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = g * kVec, row = i / s.cols, col = i % s.cols;
+  using Words =
+      std::conditional_t<kVec == 4, uint2, std::conditional_t<kVec == 2, uint32_t, uint16_t>>;
+  using Loads = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+  const int64_t col = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
+  if (col >= s.cols) return;
+  for (int64_t row = blockIdx.y; row < s.rows; row += gridDim.y) {
+    const Loads loaded = *reinterpret_cast<const Loads*>(x + row * s.cols + col);
+    const float* values = reinterpret_cast<const float*>(&loaded);
     Bf16Parts parts[kVec];
-    if constexpr (kVec == 2) {
-      const float2 pair = *reinterpret_cast<const float2*>(x + i);
-      parts[0] = SplitIntoBf16(pair.x), parts[1] = SplitIntoBf16(pair.y);
-    } else {
-      parts[0] = SplitIntoBf16(x[i]);
-    }
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) parts[v] = SplitIntoBf16(values[v]);
     // k_minor: out is (rows, cols x terms); else (batch, K x terms, cols).
-    const int64_t batch = s.k_minor ? 0 : row / s.k, k = s.k_minor ? col : row % s.k;
+    int64_t batch = 0, k = col;
+    if (!s.k_minor) batch = row / s.k, k = row - batch * s.k;
     for (int t = 0; t < s.terms; ++t) {
       const int64_t laid = LaidPosition(k, t, s);
       const int64_t at =
           s.k_minor ? row * s.cols * s.terms + laid : (batch * s.k * s.terms + laid) * s.cols + col;
-      if constexpr (kVec == 2) {
-        const uint32_t word =
-            PartOf(parts[0], s.Part(t)) | (uint32_t{PartOf(parts[1], s.Part(t))} << 16);
-        *reinterpret_cast<uint32_t*>(out + at) = word;
-      } else {
-        out[at] = PartOf(parts[0], s.Part(t));
-      }
+      uint16_t halves[kVec];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) halves[v] = PartOf(parts[v], s.Part(t));
+      Words words;
+      memcpy(&words, halves, sizeof(words));
+      *reinterpret_cast<Words*>(out + at) = words;
     }
   }
 }
 
 inline cudaError_t LaunchSplitIntoLaidParts(const float* x, uint16_t* out, const SplitLayout& s,
-                                            int multiprocessors, cudaStream_t stream) {
-  const bool pairs = s.cols % 2 == 0;
-  const int64_t groups = s.rows * s.cols / (pairs ? 2 : 1);
-  if (groups == 0) return cudaSuccess;
+                                            cudaStream_t stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  // A grid-stride loop over a few waves of blocks.
-  const int64_t blocks =
-      std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t{multiprocessors} * 16);
-  if (pairs)
-    SplitIntoLaidParts<2><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, out, s);
-  else SplitIntoLaidParts<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, out, s);
+  const int vec = s.cols % 4 == 0 ? 4 : s.cols % 2 == 0 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((s.cols / vec + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(s.rows, 65535)));
+  if (vec == 4) SplitIntoLaidParts<4><<<grid, kThreads, 0, stream>>>(x, out, s);
+  else if (vec == 2) SplitIntoLaidParts<2><<<grid, kThreads, 0, stream>>>(x, out, s);
+  else SplitIntoLaidParts<1><<<grid, kThreads, 0, stream>>>(x, out, s);
   return cudaGetLastError();
 }
 
