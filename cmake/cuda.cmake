@@ -53,7 +53,7 @@ foreach(entry IN LISTS JAX_TILED_PER_INPUT_LAUNCHERS)
 endforeach()
 
 add_library(jax_tiled_cuda_kernels STATIC
-  cpp/cuda/handler.cu cpp/cuda/kernel_table.cu cpp/cuda/auto.cu
+  cpp/cuda/handler.cu cpp/cuda/split_parts.cu cpp/cuda/kernel_table.cu cpp/cuda/auto.cu
   ${JAX_TILED_KERNEL_SOURCES} ${JAX_TILED_INSTANCE_SOURCES})
 target_include_directories(jax_tiled_cuda_kernels PRIVATE cpp)
 target_include_directories(jax_tiled_cuda_kernels SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")

@@ -459,7 +459,7 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # this platform (a preset it refuses raises ValueError here).
     run = _presets.resolve(platform, precision, ctx.avals_in[0].dtype, out_aval.dtype)
     if run.split is not None:
-        return _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel)
+        return _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel, platform)
     # Operands that are transposes, read as stored where reads_as_stored.
     given = [(a, ctx.avals_in[0], transpose_a), (b, ctx.avals_in[1], transpose_b)]
     folds = [_stored_form(*operand) for operand in given]
@@ -560,18 +560,49 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     return [_compat.lower_with_sharding_in_types(ctx, out, out_aval)]
 
 
-def _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel):
+def split_on_gpu(x, split: _presets.Split, side: int, k_minor: bool):
+    """`_presets.split_operand` of a canonical operand (batch, rows, cols),
+    K along its rows where `k_minor`, else down its columns, by the CUDA
+    split (cpp/cuda/blocks/split_parts.cuh): one pass at about the memory's
+    speed, where XLA's fusions of the same layout ran at half of it
+    (cpp/cuda/NOTES.md, "The split of our own"). The same bits but for a
+    subnormal lower part, which it keeps and XLA's GPU code flushes to
+    zero. bfloat16 splits into two parts only."""
+    batch, rows, cols = x.shape
+    terms = len(split.terms)
+    shape = (batch, rows, cols * terms) if k_minor else (batch, rows * terms, cols)
+    codes = np.array([_presets.part_taken(t, side) for t in split.terms], np.int32)
+    call = jax.ffi.ffi_call("tiled_split_parts_cuda", jax.ShapeDtypeStruct(shape, split.dtype))
+    return call(x, k_minor=bool(k_minor), terms=codes, chunk=np.int32(split.chunk))
+
+
+def _lower_split(ctx, a, b, run, out_aval, transpose_a, transpose_b, kernel, platform):
     """An emulation preset's product (`_presets.Split`): the operands' parts
     laid along K, then the product of the parts as a product of its own, at
     the kernel precision the parts take; its lowering (this rule, for a
     lax.Precision) reads layouts, partitions and picks the kernel as for any
-    product. XLA fuses the split of each operand into one pass."""
+    product. On one CUDA device our kernel splits each operand
+    (`split_on_gpu`); elsewhere XLA fuses the split of each operand into one
+    pass (sharded operands are the partitioner's, which splits each block of
+    them where it lies)."""
+    ours = (
+        platform == "cuda"
+        and run.split.dtype == _presets.BF16
+        and run.split.parts == 2
+        and _compat.lowers_for_one_device(ctx)
+        and all(isinstance(d, (int, np.integer)) for v in ctx.avals_in for d in v.shape)
+    )
+
+    def split(x, side, k_minor):
+        if ours:
+            return split_on_gpu(x, run.split, side, k_minor)
+        return _presets.split_operand(x, run.split, side, -1 if k_minor else -2)
 
     def split_product(a, b):
         with jax.named_scope("tiled_matmul_split"):
             a, b = (lax.convert_element_type(x, run.operand_dtype) for x in (a, b))
-            parts_a = _presets.split_operand(a, run.split, 0, -2 if transpose_a else -1)
-            parts_b = _presets.split_operand(b, run.split, 1, -1 if transpose_b else -2)
+            parts_a = split(a, 0, k_minor=not transpose_a)
+            parts_b = split(b, 1, k_minor=transpose_b)
             out = tiled_matmul_p.bind(
                 parts_a,
                 parts_b,

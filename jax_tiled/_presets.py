@@ -141,6 +141,18 @@ def _largest(part: str) -> np.float32:
     return np.array(_PART_MAX[part], np.uint32).view(np.float32)
 
 
+def part_taken(term: tuple[int, int], side: int) -> int:
+    """What the product of parts `term` takes from operand `side` (0 for a,
+    1 for b): 0 its hi part as it is (the hi x hi term: a non-finite x
+    stays), 1 hi with a non-finite x as zero (the other terms), 1 + i its
+    part i >= 1 (zero for a non-finite x). The CUDA split's part codes
+    (cpp/cuda/blocks/split_parts.cuh, SplitPart) are these."""
+    i = term[side]
+    if i > 0:
+        return 1 + i
+    return 0 if term == (0, 0) else 1
+
+
 def split_operand(x, split: Split, side: int, k_axis: int):
     """x (float32) as its parts laid along K: axis `k_axis` of length K becomes
     K x len(split.terms), in `split.dtype`. Chunk by chunk (`split.chunk` of
@@ -153,22 +165,17 @@ def split_operand(x, split: Split, side: int, k_axis: int):
         parts.append(_round_part(rest, split.part, past_largest))
     finite = jnp.isfinite(x)
     # Each part in its storage dtype as soon as it is made (exact there): the
-    # layout below then moves the narrow values.
-    lower = [jnp.where(finite, p, 0).astype(split.dtype) for p in parts[1:]]
-    hi = parts[0].astype(split.dtype)
-    hi_in_other_terms = jnp.where(finite, parts[0], 0).astype(split.dtype)
-
-    def part_for(term):
-        i = term[side]
-        if i > 0:
-            return lower[i - 1]
-        return hi if term == (0, 0) else hi_in_other_terms
-
+    # layout below then moves the narrow values. Indexed by part_taken's codes.
+    choices = [
+        parts[0].astype(split.dtype),
+        jnp.where(finite, parts[0], 0).astype(split.dtype),
+        *(jnp.where(finite, p, 0).astype(split.dtype) for p in parts[1:]),
+    ]
     k_axis %= x.ndim
     k, chunk = x.shape[k_axis], split.chunk
     if k == 0:
         return jnp.zeros(x.shape, split.dtype)
-    taken = [part_for(t) for t in split.terms]
+    taken = [choices[part_taken(t, side)] for t in split.terms]
     lead, trail = x.shape[:k_axis], x.shape[k_axis + 1 :]
 
     def laid(begin, end):

@@ -17,7 +17,7 @@ from jax import lax
 
 import jax_tiled
 from helpers import F32, assert_runs_as, random_array
-from jax_tiled import _ffi, _presets
+from jax_tiled import _ffi, _lowering, _presets
 
 Preset = lax.DotAlgorithmPreset
 EMULATIONS = [p for p, mode in _presets.PRESETS["cuda"].items() if mode.split is not None]
@@ -270,3 +270,53 @@ def test_bitwise_the_same_run_to_run(on_gpu, rng, preset):
     first = np.asarray(product(a, b))
     for _ in range(3):
         assert np.array_equal(np.asarray(product(a, b)), first)
+
+
+def _bits_with_specials(rng, shape) -> np.ndarray:
+    """float32 of `shape` from random bit patterns (every exponent, inf and NaN
+    among them), a quarter exact bfloat16 ties, and the values around
+    bfloat16's largest."""
+    size = int(np.prod(shape))
+    x = rng.integers(0, 2**32, size, dtype=np.uint64).astype(np.uint32)
+    ties = rng.random(size) < 0.25
+    x[ties] = (x[ties] & 0xFFFF0000) | 0x8000
+    edges = np.array([0x7F7F0000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0xFF7F8000, 0x7F800000])
+    x[: min(size, edges.size)] = edges[: min(size, edges.size)]
+    x = x.view(np.float32)
+    # No magnitudes whose lower part would be subnormal: XLA's GPU code
+    # flushes those to zero, ours keeps them, and which the CPU does is its
+    # runtime's choice.
+    tiny = (np.abs(x) < 2.0**-100) & (x != 0)
+    x[tiny] *= np.float32(2.0**64)
+    return x.reshape(shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_minor", [True, False], ids=["K along rows", "K down columns"])
+@pytest.mark.parametrize("side", [0, 1], ids=["a", "b"])
+@pytest.mark.parametrize(
+    "shape", [(2, 72, 200), (1, 130, 64), (3, 33, 31), (1, 64, 7), (1, 0, 5), (1, 6, 0)], ids=str
+)
+def test_the_cuda_split_lays_the_cpus_parts(on_gpu, rng, shape, side, k_minor):
+    """The lowering's split on one GPU (our kernel) gives the bits XLA's split
+    gives on the CPU, NaNs apart (any NaN is a NaN): whole and short chunks,
+    odd columns (an element a thread) and empty operands, both layouts."""
+    split = _presets.BF16_X3
+    x = _bits_with_specials(rng, shape)
+    ours = np.asarray(jax.jit(lambda v: _lowering.split_on_gpu(v, split, side, k_minor))(x))
+    cpu = jax.devices("cpu")[0]
+    want = _presets.split_operand(jax.device_put(x, cpu), split, side, -1 if k_minor else -2)
+    want = np.asarray(want)
+    assert ours.shape == want.shape and ours.dtype == want.dtype
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(ours.astype(np.float32)), nan)
+    assert np.array_equal(ours.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+@pytest.mark.gpu
+def test_one_gpu_splits_with_our_kernel(on_gpu):
+    """On one GPU the preset's lowering splits both operands with our CUDA
+    split, not XLA's fusions."""
+    a = jnp.ones((64, 128), F32)
+    product = jax.jit(lambda x, y: jax_tiled.matmul(x, y, precision=Preset.BF16_BF16_F32_X3))
+    assert product.lower(a, a.T).as_text().count("tiled_split_parts_cuda") == 2

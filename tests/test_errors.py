@@ -297,3 +297,30 @@ def test_handler_returns_ffi_errors(case, pattern):
     with jax.default_device(jax.devices("cpu")[0]):
         with pytest.raises(Exception, match=pattern):
             jax.block_until_ready(_call_handler(**case))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "x_shape, out_shape, terms, match",
+    [
+        ((1, 8, 64), (1, 8, 192), [0, 1, 5], "unknown part code 5"),
+        (
+            (1, 8, 64),
+            (1, 8, 128),
+            [2, 1, 0],
+            r"\(1, 8, 64\) with 3 terms .* cannot be \(1, 8, 128\)",
+        ),
+        ((8, 64), (8, 192), [2, 1, 0], r"takes \(batch, rows, cols\) operands"),
+    ],
+    ids=["part code", "result shape", "rank"],
+)
+def test_cuda_split_refuses_what_it_cannot_lay(x_shape, out_shape, terms, match):
+    """The CUDA split's handler answers bad attributes and shapes with an
+    error naming them (an ffi::Error), never a launch."""
+    x = jnp.ones(x_shape, jnp.float32)
+    call = jax.ffi.ffi_call("tiled_split_parts_cuda", jax.ShapeDtypeStruct(out_shape, jnp.bfloat16))
+    with jax.default_device(jax.devices("cuda")[0]):
+        with pytest.raises(Exception, match=match):
+            jax.block_until_ready(
+                call(x, k_minor=True, terms=np.array(terms, np.int32), chunk=np.int32(64))
+            )

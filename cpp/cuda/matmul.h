@@ -79,3 +79,4 @@ std::string KernelRefusal(std::string_view kernel, std::string_view dtype,
 }  // namespace jax_tiled::cuda
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledMatmulCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTiledSplitPartsCuda);

@@ -15,6 +15,8 @@ NB_MODULE(_cuda, m) {
       [] {
         nb::dict targets;
         targets["tiled_matmul_cuda"] = nb::capsule(reinterpret_cast<void*>(JaxTiledMatmulCuda));
+        targets["tiled_split_parts_cuda"] =
+            nb::capsule(reinterpret_cast<void*>(JaxTiledSplitPartsCuda));
         return targets;
       },
       "FFI target name -> handler capsule, for jax.ffi.register_ffi_target.");

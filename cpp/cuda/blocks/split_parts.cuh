@@ -1,0 +1,121 @@
+// An emulation preset's split of a float32 operand into bfloat16 parts, laid
+// along K chunk by chunk, in one pass over the operand (jax_tiled/_presets.py,
+// Split and split_operand, define the layout and the rounding; this is the
+// same arithmetic on the GPU, where XLA's fusions of it moved the bytes at
+// half the memory's speed: NOTES.md, "BF16_BF16_F32_X3: chunk groups").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace jax_tiled::cuda {
+
+// What each term of the layout takes from this operand (the handler's
+// "terms" attribute): hi as it is (the hi x hi term, which keeps a non-finite
+// x), hi with a non-finite x as zero (the other terms with hi), or lo.
+enum class SplitPart : int32_t { kHi = 0, kFiniteHi = 1, kLo = 2 };
+inline constexpr int kMaxSplitTerms = 4;
+
+struct SplitLayout {
+  int64_t rows;  // the operand's (batch x rows, cols), row-major
+  int64_t cols;
+  int64_t k;        // K: cols where k_minor, else the rows of one batch entry
+  bool k_minor;     // K runs along a row (a, or b transposed)
+  int chunk_shift;  // K per chunk: 1 << chunk_shift
+  int terms;        // products of parts laid in each chunk
+  uint32_t parts;   // term t's SplitPart in bits 2t and 2t + 1 (no array: the
+                    // kernel would index it in local memory)
+  __host__ __device__ SplitPart Part(int t) const {
+    return static_cast<SplitPart>((parts >> (2 * t)) & 3u);
+  }
+};
+
+// bfloat16's bits of x's parts, as _presets._round_part makes them: hi to
+// nearest even (a finite x past bfloat16's largest to the largest), lo the
+// rest to nearest (toward zero past the largest); a non-finite x keeps hi and
+// has lo zero.
+struct Bf16Parts { uint16_t hi, finite_hi, lo; };
+
+__device__ inline Bf16Parts SplitIntoBf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const bool finite = (u & 0x7F800000u) != 0x7F800000u;
+  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  if ((r & 0x7FFFu) >= 0x7F80u) r = ((u >> 16) & 0x8000u) | 0x7F7Fu;
+  const uint32_t v = __float_as_uint(x - __uint_as_float(r << 16));
+  const bool past_largest = (u & 0x7FFFFFFFu) > 0x7F7F0000u;
+  const uint32_t lo = past_largest ? v >> 16 : (v + 0x7FFFu + ((v >> 16) & 1u)) >> 16;
+  // A non-finite x as hi: its top bits, NaN kept quiet.
+  const uint32_t special = (u >> 16) | ((u & 0x007FFFFFu) ? 0x0040u : 0u);
+  return {static_cast<uint16_t>(finite ? r : special), static_cast<uint16_t>(finite ? r : 0u),
+          static_cast<uint16_t>(finite ? lo : 0u)};
+}
+
+__device__ inline uint16_t PartOf(const Bf16Parts& p, SplitPart which) {
+  return which == SplitPart::kHi ? p.hi : which == SplitPart::kFiniteHi ? p.finite_hi : p.lo;
+}
+
+// Where element k of K lands along the laid K for term t: whole chunks hold
+// every term's chunk in turn; the last, shorter chunk likewise. Chunks are a
+// power of two wide (the handler checks), so no division.
+__device__ inline int64_t LaidPosition(int64_t k, int t, const SplitLayout& s) {
+  const int64_t chunk = int64_t{1} << s.chunk_shift, whole = s.k & ~(chunk - 1);
+  if (k < whole) {
+    const int64_t c = k >> s.chunk_shift;
+    return ((c * s.terms + t) << s.chunk_shift) + (k - (c << s.chunk_shift));
+  }
+  return whole * s.terms + t * (s.k - whole) + (k - whole);
+}
+
+// A block row walks rows (grid-stride in y); each thread takes kVec
+// neighbouring elements of a row (kVec divides the columns, so a group never
+// straddles a chunk: chunks and the last chunk's width are multiples of it),
+// one load of them and one store of each term's kVec parts.
+template <int kVec>
+__global__ void SplitIntoLaidParts(const float* __restrict__ x, uint16_t* __restrict__ out,
+                                   SplitLayout s) {
+  using Words =
+      std::conditional_t<kVec == 4, uint2, std::conditional_t<kVec == 2, uint32_t, uint16_t>>;
+  using Loads = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
+  const int64_t col = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
+  if (col >= s.cols) return;
+  for (int64_t row = blockIdx.y; row < s.rows; row += gridDim.y) {
+    const Loads loaded = *reinterpret_cast<const Loads*>(x + row * s.cols + col);
+    const float* values = reinterpret_cast<const float*>(&loaded);
+    Bf16Parts parts[kVec];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) parts[v] = SplitIntoBf16(values[v]);
+    // k_minor: out is (rows, cols x terms); else (batch, K x terms, cols).
+    int64_t batch = 0, k = col;
+    if (!s.k_minor) batch = row / s.k, k = row - batch * s.k;
+    for (int t = 0; t < s.terms; ++t) {
+      const int64_t laid = LaidPosition(k, t, s);
+      const int64_t at =
+          s.k_minor ? row * s.cols * s.terms + laid : (batch * s.k * s.terms + laid) * s.cols + col;
+      uint16_t halves[kVec];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) halves[v] = PartOf(parts[v], s.Part(t));
+      Words words;
+      memcpy(&words, halves, sizeof(words));
+      *reinterpret_cast<Words*>(out + at) = words;
+    }
+  }
+}
+
+inline cudaError_t LaunchSplitIntoLaidParts(const float* x, uint16_t* out, const SplitLayout& s,
+                                            cudaStream_t stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const int vec = s.cols % 4 == 0 ? 4 : s.cols % 2 == 0 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((s.cols / vec + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(s.rows, 65535)));
+  if (vec == 4) SplitIntoLaidParts<4><<<grid, kThreads, 0, stream>>>(x, out, s);
+  else if (vec == 2) SplitIntoLaidParts<2><<<grid, kThreads, 0, stream>>>(x, out, s);
+  else SplitIntoLaidParts<1><<<grid, kThreads, 0, stream>>>(x, out, s);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_tiled::cuda
