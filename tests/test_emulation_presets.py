@@ -9,6 +9,8 @@ CPU kernel's bfloat16 and float32 paths), and on CUDA as `gpu` tests."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -320,3 +322,30 @@ def test_one_gpu_splits_with_our_kernel(on_gpu):
     a = jnp.ones((64, 128), F32)
     product = jax.jit(lambda x, y: jax_tiled.matmul(x, y, precision=Preset.BF16_BF16_F32_X3))
     assert product.lower(a, a.T).as_text().count("tiled_split_parts_cuda") == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [1, 2], ids=lambda c: f"chunk {c}")
+@pytest.mark.parametrize("shape", [(1, 5, 12), (2, 12, 6)], ids=str)
+def test_the_cuda_split_lays_chunks_narrower_than_a_thread(on_gpu, rng, shape, chunk):
+    """Chunks narrower than the kernel's four columns a thread (the handler
+    takes any power of two): each thread's columns stay in one chunk, the
+    bits equal the CPU's split of the same layout."""
+
+    class Narrow(_presets.Split):
+        pass
+
+    Narrow.chunk = chunk  # shadows Split's property: the layout reads split.chunk
+    split = Narrow(
+        **{f.name: getattr(_presets.BF16_X3, f.name) for f in dataclasses.fields(_presets.Split)}
+    )
+    x = _bits_with_specials(rng, shape)
+    cpu = jax.devices("cpu")[0]
+    for k_minor in (True, False):
+        ours = np.asarray(jax.jit(lambda v: _lowering.split_on_gpu(v, split, 1, k_minor))(x))
+        want = np.asarray(
+            _presets.split_operand(jax.device_put(x, cpu), split, 1, -1 if k_minor else -2)
+        )
+        nan = np.isnan(want.astype(np.float32))
+        assert np.array_equal(np.isnan(ours.astype(np.float32)), nan)
+        assert np.array_equal(ours.view(np.uint16)[~nan], want.view(np.uint16)[~nan])

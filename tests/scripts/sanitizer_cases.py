@@ -54,9 +54,10 @@ WIDE_SHAPE = (1024, 8192, 1024)
 # 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts.
 THIN_DEEP_SHAPE = (16, 9000, 136)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
-# The emulation presets CUDA runs as products of parts laid along K (on the
-# Hopper kernel: 128 x 128 tiles whose partial sums hold a chunk group, K split
-# across clusters for K of 600): K of 41 in one short chunk, 4000 deep.
+# The emulation presets CUDA runs as products of parts laid along K (their
+# operands split by our CUDA split, blocks/split_parts.cuh, odd columns too; on
+# the Hopper kernel: 128 x 128 tiles whose partial sums hold a chunk group, K
+# split across clusters for K of 600): K of 41 in one short chunk, 4000 deep.
 LAID_SHAPES = [(72, 600, 136), (33, 41, 65), (136, 4000, 72)]
 EMULATIONS = [preset for preset, mode in _presets.PRESETS["cuda"].items() if mode.split]
 

@@ -71,9 +71,9 @@ __device__ inline int64_t LaidPosition(int64_t k, int t, const SplitLayout& s) {
 }
 
 // A block row walks rows (grid-stride in y); each thread takes kVec
-// neighbouring elements of a row (kVec divides the columns, so a group never
-// straddles a chunk: chunks and the last chunk's width are multiples of it),
-// one load of them and one store of each term's kVec parts.
+// neighbouring elements of a row (kVec divides the columns and the chunk, so
+// a group never straddles a chunk: chunks and the last chunk's width are
+// multiples of it), one load of them and one store of each term's kVec parts.
 template <int kVec>
 __global__ void SplitIntoLaidParts(const float* __restrict__ x, uint16_t* __restrict__ out,
                                    SplitLayout s) {
@@ -109,7 +109,11 @@ inline cudaError_t LaunchSplitIntoLaidParts(const float* x, uint16_t* out, const
                                             cudaStream_t stream) {
   if (s.rows == 0 || s.cols == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  const int vec = s.cols % 4 == 0 ? 4 : s.cols % 2 == 0 ? 2 : 1;
+  // kVec divides the columns and, where K runs along a row, the chunk: a
+  // thread's group then lies in one chunk.
+  const int64_t chunk = int64_t{1} << s.chunk_shift;
+  const auto divides = [&](int v) { return s.cols % v == 0 && (!s.k_minor || chunk % v == 0); };
+  const int vec = divides(4) ? 4 : divides(2) ? 2 : 1;
   const dim3 grid(static_cast<unsigned>((s.cols / vec + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min<int64_t>(s.rows, 65535)));
   if (vec == 4) SplitIntoLaidParts<4><<<grid, kThreads, 0, stream>>>(x, out, s);
