@@ -273,6 +273,8 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
             # The operand keeps its split; the ring, not the partitioner, gathers it.
             operand_assignment["m" if gather[0] == "a" else "n"] = gather[1]
     ring_k = settings.enabled and k_split > 1
+    gpu = product.target == _ffi.TARGETS["cuda"]
+    copy_engines = gpu and overlap.permutes_by_copy_engines()
     if ring_k:
         # The ring's blocks follow the result dimension to scatter into, or where
         # the result is replicated over K's axes, the longer of M and N (M, N of
@@ -283,13 +285,16 @@ def _partition(call, product, settings, mesh, arg_shapes, result_shape):
         # k_ring="collectives" cuts the result across the scattered dimension.
         across = {"m": "n", "n": "m"}.get(chunked, longer) if scatter is not None else longer
         k_ring = settings.ring(
-            k_split, replicated=scatter is None, gpu=product.target == _ffi.TARGETS["cuda"]
+            k_split, replicated=scatter is None, gpu=gpu, copy_engines=copy_engines
         )
         pieces = settings.pieces(k_ring)
 
-    # A ring's products that run beside a transfer leave SMs to it.
-    beside_transfer = dataclasses.replace(product, spare_sms=settings.spare_sms)
-    beside_gather = dataclasses.replace(product, spare_sms=settings.gather_spares())
+    # A ring's products that run beside a transfer leave SMs to it (none where
+    # the transfers run on the copy engines).
+    beside_transfer = dataclasses.replace(
+        product, spare_sms=settings.spares(k_ring, copy_engines) if ring_k else 0
+    )
+    beside_gather = dataclasses.replace(product, spare_sms=settings.gather_spares(copy_engines))
 
     def lower_fn(a, b):
         # Per-device code has no mesh: under the caller's explicit one, jax 0.8

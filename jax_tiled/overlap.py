@@ -21,6 +21,11 @@
         y = jax.jit(jax_tiled.matmul)(x, w)
     jax_tiled.overlap.set_default(chunks=2)         # for the rest of the process
 
+On GPUs of one process, XLA_FLAGS=--xla_gpu_collective_permute_mode=peer runs
+the rings' transfers on the copy engines instead of NCCL's kernels, which take
+SMs from the products; the defaults then spare no SM in the rings and ring a
+replicated K split on two GPUs (`permutes_by_copy_engines`, docs/sharding.md).
+
 The setting is read when a function holding `tiled_matmul` is lowered, and is
 part of `jax.jit`'s cache key (through `jax.make_user_context`), so changing it
 retraces and recompiles rather than reusing a program built under the other
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import re
 
 import jax
 
@@ -43,6 +50,7 @@ __all__ = [
     "SPARE_SMS",
     "Settings",
     "current",
+    "permutes_by_copy_engines",
     "set_default",
     "settings",
 ]
@@ -50,7 +58,16 @@ __all__ = [
 # On two H100s (docs/sharding.md), a K ring's product and NCCL's send/receive
 # kernel beside it competed for SMs; with 32 left to NCCL, bfloat16 8192^3 K
 # rings ran 18-22% faster, with 16 no faster, with 48 the same, with 64 slower.
+# Where the rings' transfers run on the copy engines
+# (`permutes_by_copy_engines`) no SM is spared them: on two H100s 32 spared
+# then cost 8-10% (docs/sharding.md, "The rings on the copy engines").
 SPARE_SMS = 32
+
+# XLA's flag that runs a collective-permute between GPUs of one process as a
+# copy by the copy engines (its peer-access mode) instead of NCCL's
+# send/receive kernel, which runs on SMs beside the product.
+PERMUTE_MODE_FLAG = re.compile(r"--xla_gpu_collective_permute_mode=(\S+)")
+PEER_PERMUTE_MODES = ("peer", "collectives_peer_memory")
 
 # The same for the all-gather ring's products, with the barrier that places
 # them inside the transfer: on two H100s (docs/sharding.md, "The all-gather
@@ -90,9 +107,13 @@ class Settings:
     transfer runs beside them, so that the communication kernel (NCCL's, which
     runs on SMs) starts at once rather than waiting on the product's persistent
     grid; the ring's first product, which overlaps no transfer, takes every SM.
+    None (the default) picks `SPARE_SMS`, or 0 for the rings (not the
+    collectives) where their transfers run on the copy engines
+    (`permutes_by_copy_engines`).
     gather_spare_sms: the same for the all-gather ring's products that run
-    beside a transfer; None (the default) picks `GATHER_SPARE_SMS` with
-    `gather_barrier` and 0 without it.
+    beside a transfer; None (the default) picks 0 where the transfers run on
+    the copy engines, else `GATHER_SPARE_SMS` with `gather_barrier` and 0
+    without it.
     gather_barrier: pass each step of the all-gather ring, the block in
     transit and the product beside it, through `lax.optimization_barrier`
     (default True). XLA's default scheduler, which knows no custom call's
@@ -105,7 +126,7 @@ class Settings:
     (docs/sharding.md).
     CPU products ignore the spared SMs.
     k_ring: what the K rings send between devices: None (the default) picks
-    by the devices and the result (`ring`); "sums", each
+    by the devices, the result and the transfers (`ring`); "sums", each
     block's float32 partial sums around the ring; "operands", each device's
     slice of K of the operands, in their own type, to every other device
     (fewer bytes where K is not much larger than M and N; one piece, so
@@ -136,7 +157,7 @@ class Settings:
 
     enabled: bool = True
     chunks: int | None = None
-    spare_sms: int = SPARE_SMS
+    spare_sms: int | None = None
     gather_spare_sms: int | None = None
     k_ring: str | None = None
     gather_barrier: bool = True
@@ -159,10 +180,10 @@ class Settings:
             raise ValueError(f"jax_tiled.overlap: chunks must be at least 1, got {self.chunks}")
         for name in ("spare_sms", "gather_spare_sms"):
             value = getattr(self, name)
-            if value is None and name == "gather_spare_sms":
+            if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"jax_tiled.overlap: {name} must be an int, got {value!r}")
+                raise TypeError(f"jax_tiled.overlap: {name} must be an int or None, got {value!r}")
             if value < 0:
                 raise ValueError(f"jax_tiled.overlap: {name} must be at least 0, got {value}")
         if self.k_ring is not None and self.k_ring not in K_RINGS:
@@ -182,18 +203,29 @@ class Settings:
                 f"got {self.k_sums!r}"
             )
 
-    def ring(self, devices: int, replicated: bool, gpu: bool) -> str:
+    def ring(self, devices: int, replicated: bool, gpu: bool, copy_engines: bool = False) -> str:
         """How a K split over `devices` devices sums: `k_ring`, or where it is
         None the one measured faster on GPUs (docs/sharding.md): the sums ring
-        for a reduce-scattered result on two devices, the collectives
-        elsewhere (NCCL's send/receive, the ring's transfers, ran at half its
-        collectives' rate on four H100s). CPU devices, whose transfers are
-        copies in one host's memory, keep the sums ring."""
+        for a reduce-scattered result on two devices, and for a replicated one
+        too where the ring's transfers run on the copy engines
+        (`copy_engines`: `permutes_by_copy_engines` on a GPU); the
+        collectives elsewhere (NCCL's send/receive, the ring's transfers, ran
+        at half its collectives' rate on four H100s). CPU devices, whose
+        transfers are copies in one host's memory, keep the sums ring."""
         if self.k_ring is not None:
             return self.k_ring
-        if not gpu or (devices == 2 and not replicated):
+        if not gpu or (devices == 2 and (copy_engines or not replicated)):
             return "sums"
         return "collectives"
+
+    def spares(self, ring: str, copy_engines: bool = False) -> int:
+        """The SMs the products of K ring `ring` beside a transfer leave to it:
+        `spare_sms`, or where None `SPARE_SMS`, and none for a ring whose
+        transfers run on the copy engines (the collectives are NCCL's kernels
+        on SMs either way)."""
+        if self.spare_sms is not None:
+            return self.spare_sms
+        return 0 if copy_engines and ring != "collectives" else SPARE_SMS
 
     def pieces(self, ring: str = "sums") -> int:
         """The pieces a device's block of the result is cut into by `ring`."""
@@ -205,11 +237,30 @@ class Settings:
         """The pieces gather_ring="collectives" cuts each device's block into."""
         return self.chunks if self.chunks is not None else COLLECTIVE_PIECES
 
-    def gather_spares(self) -> int:
-        """The SMs the all-gather ring's products beside a transfer leave to it."""
+    def gather_spares(self, copy_engines: bool = False) -> int:
+        """The SMs the all-gather ring's products beside a transfer leave to it
+        (none where its transfers run on the copy engines and gather_ring is
+        "blocks": on two H100s that ran the pattern 1.27-1.29x jnp's against
+        1.09-1.10x with 32 spared, docs/sharding.md)."""
         if self.gather_spare_sms is not None:
             return self.gather_spare_sms
+        if copy_engines and self.gather_ring == "blocks":
+            return 0
         return GATHER_SPARE_SMS if self.gather_barrier else 0
+
+
+def permutes_by_copy_engines(xla_flags: str | None = None) -> bool:
+    """Whether XLA runs the rings' transfers (collective-permutes between GPUs
+    of this process) on the copy engines: `xla_flags` (default: the
+    environment's XLA_FLAGS, which XLA reads once, when its backend starts)
+    set `--xla_gpu_collective_permute_mode=peer`, the last such flag winning.
+    Then the transfers take no SM from the products beside them, and the
+    rings' defaults (`Settings.ring`, `spares`, `gather_spares`) follow. A
+    mode passed to one compilation as a compiler option is not seen here:
+    name the settings then."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    modes = PERMUTE_MODE_FLAG.findall(flags)
+    return bool(modes) and modes[-1].lower() in PEER_PERMUTE_MODES
 
 
 # A jit-cache-sensitive context where jax has one; on a jax without it a plain

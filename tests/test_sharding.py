@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 
 import jax
@@ -164,7 +165,9 @@ def test_sharded_product_and_gradient(platform, partitioner, rng, name):
         k_axes = CASES[name][3][-1]  # a's spec names K's axes last
         k_axes = k_axes if isinstance(k_axes, tuple) else (k_axes,)
         k_devices = math.prod(mesh.shape[x] for x in k_axes)
-        ring = jax_tiled.overlap.current().ring(k_devices, True, gpu=platform == "cuda")
+        gpu = platform == "cuda"
+        copy_engines = gpu and jax_tiled.overlap.permutes_by_copy_engines()
+        ring = jax_tiled.overlap.current().ring(k_devices, True, gpu, copy_engines)
         assert used == ({RING} if ring == "sums" else {"all-reduce"}), (ring, used)
     else:
         assert not used, used
@@ -720,6 +723,55 @@ def test_the_k_ring_follows_the_devices_unless_named():
         assert jax_tiled.overlap.Settings(k_ring=named).ring(4, replicated=True, gpu=True) == named
 
 
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ("", False),
+        ("--xla_gpu_collective_permute_mode=peer", True),
+        (
+            "--xla_force_host_platform_device_count=4"
+            " --xla_gpu_collective_permute_mode=COLLECTIVES_PEER_MEMORY",
+            True,
+        ),
+        (
+            "--xla_gpu_collective_permute_mode=peer --xla_gpu_collective_permute_mode=symmetric",
+            False,
+        ),
+        ("--xla_gpu_collective_permute_mode=private --xla_gpu_collective_permute_mode=peer", True),
+        ("--xla_gpu_collective_permute_mode=peers", False),
+    ],
+    ids=["none", "peer", "enum name", "last wins: symmetric", "last wins: peer", "not a mode"],
+)
+def test_permutes_by_copy_engines_reads_xlas_last_permute_mode(monkeypatch, flags, expected):
+    """The rings' transfers run on the copy engines where the last
+    --xla_gpu_collective_permute_mode of the XLA flags is peer (either of
+    its spellings); read from XLA_FLAGS unless given."""
+    assert jax_tiled.overlap.permutes_by_copy_engines(flags) is expected
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert jax_tiled.overlap.permutes_by_copy_engines() is expected
+
+
+def test_rings_on_the_copy_engines_spare_no_sms_and_ring_a_replicated_k_split_on_two():
+    """With the transfers on the copy engines the K rings' and the all-gather
+    ring's products spare no SM (the collectives, NCCL's kernels on SMs, keep
+    SPARE_SMS and GATHER_SPARE_SMS), two devices sum a replicated K split by
+    the sums ring, more devices keep the collectives; numbers and rings
+    named are kept."""
+    settings, overlap = jax_tiled.overlap.Settings, jax_tiled.overlap
+    assert settings().ring(2, replicated=True, gpu=True, copy_engines=True) == "sums"
+    assert settings().ring(2, replicated=False, gpu=True, copy_engines=True) == "sums"
+    assert settings().ring(4, replicated=True, gpu=True, copy_engines=True) == "collectives"
+    assert settings(k_ring="operands").ring(2, True, True, copy_engines=True) == "operands"
+    for ring in ("sums", "operands"):
+        assert settings().spares(ring) == overlap.SPARE_SMS > 0
+        assert settings().spares(ring, copy_engines=True) == 0
+    assert settings().spares("collectives", copy_engines=True) == overlap.SPARE_SMS
+    assert settings(spare_sms=8).spares("sums", copy_engines=True) == 8
+    assert settings().gather_spares(copy_engines=True) == 0
+    assert settings(gather_ring="collectives").gather_spares(True) == overlap.GATHER_SPARE_SMS
+    assert settings(gather_spare_sms=16).gather_spares(copy_engines=True) == 16
+
+
 def test_gather_spared_sms_follow_the_barrier():
     """`gather_spare_sms` None: GATHER_SPARE_SMS with the barrier, none without
     (a product that spares SMs before the transfer's end only runs slower);
@@ -729,6 +781,11 @@ def test_gather_spared_sms_follow_the_barrier():
     assert settings(gather_barrier=False).gather_spares() == 0
     assert settings(gather_spare_sms=16, gather_barrier=False).gather_spares() == 16
     assert settings(gather_spare_sms=0).gather_spares() == 0
+
+
+def _copy_engines() -> bool:
+    """Whether this process's XLA flags run the GPU rings' transfers on the copy engines."""
+    return jax_tiled.overlap.permutes_by_copy_engines()
 
 
 def _rings_product(spare_sms):
@@ -766,7 +823,7 @@ def test_cuda_operand_ring(rng, out_spec):
         f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
         assert_matmul_close(f(a, b), a_np, b_np, platform="cuda")
         text = f.lower(a, b).compile().as_text()
-    spared = jax_tiled.overlap.SPARE_SMS
+    spared = jax_tiled.overlap.Settings().spares("operands", _copy_engines())
     assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == [0, spared], text
 
 
@@ -867,7 +924,7 @@ def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
     a_np, a = put(rng, mesh, (64, 256), P("x"))
     b_np, b = put(rng, mesh, (256, 48), P(None, "x"))
     cases = (
-        ({}, [0, jax_tiled.overlap.GATHER_SPARE_SMS]),
+        ({}, [0, jax_tiled.overlap.Settings().gather_spares(_copy_engines())]),
         (dict(gather_barrier=False), [0, 0]),
         (dict(gather_spare_sms=16), [0, 16]),
     )
@@ -877,6 +934,31 @@ def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
             assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
             text = f.lower(a, b).compile().as_text()
         assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == expected, text
+
+
+@pytest.mark.gpu
+def test_cuda_rings_on_the_copy_engines(rng, monkeypatch):
+    """Where XLA_FLAGS put the rings' transfers on the copy engines (as the
+    library reads them when lowering), two GPUs sum a replicated K split by
+    the sums ring, and no product of the K and all-gather rings spares SMs;
+    the results as before."""
+    monkeypatch.setenv(
+        "XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_gpu_collective_permute_mode=peer"
+    )
+    mesh = make_mesh("cuda", (2,), ("x",))
+    cases = {
+        "K split, replicated": (P(None, "x"), P("x"), P(), {RING}),
+        "all-gather pattern": (P("x"), P(None, "x"), P(None, "x"), {RING}),
+    }
+    for name, (a_spec, b_spec, out_spec, moved) in cases.items():
+        a_np, a = put(rng, mesh, (64, 256), a_spec)
+        b_np, b = put(rng, mesh, (256, 48), b_spec)
+        f = jax.jit(tiled, out_shardings=NamedSharding(mesh, out_spec))
+        assert_matmul_close(f(a, b), a_np, b_np, platform="cuda", precision="highest")
+        assert collectives(f, a, b) == moved, name
+        text = f.lower(a, b).compile().as_text()
+        spared = set(map(int, re.findall(r"spare_sms = (\d+)", text)))
+        assert spared == {0}, (name, text)
 
 
 @pytest.mark.gpu
@@ -987,9 +1069,13 @@ def test_rings_are_deterministic(rng):
         (dict(chunks=2.0), TypeError, r"chunks must be an int or None, got 2.0"),
         (dict(enabled="yes"), TypeError, r"enabled must be a bool"),
         (dict(spare_sms=-1), ValueError, r"spare_sms must be at least 0, got -1"),
-        (dict(spare_sms=None), TypeError, r"spare_sms must be an int, got None"),
+        (dict(spare_sms="8"), TypeError, r"spare_sms must be an int or None, got '8'"),
         (dict(gather_spare_sms=-2), ValueError, r"gather_spare_sms must be at least 0, got -2"),
-        (dict(gather_spare_sms=True), TypeError, r"gather_spare_sms must be an int, got True"),
+        (
+            dict(gather_spare_sms=True),
+            TypeError,
+            r"gather_spare_sms must be an int or None, got True",
+        ),
         (dict(k_ring="partials"), ValueError, r"k_ring must be None or one of 'sums', 'operands'"),
         (
             dict(gather_ring="ring"),

@@ -181,11 +181,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--spare-sms",
-        type=int,
+        type=lambda text: None if text == "auto" else int(text),
         nargs="+",
-        default=[jax_tiled.overlap.SPARE_SMS],
-        help="jax_tiled.overlap spare_sms to time, each with each --chunks "
-        f"(default: {jax_tiled.overlap.SPARE_SMS})",
+        default=[None],
+        help="jax_tiled.overlap spare_sms to time, each with each --chunks (default: auto, "
+        f"the library's choice: {jax_tiled.overlap.SPARE_SMS}, or none for a ring whose "
+        "transfers run on the copy engines)",
     )
     parser.add_argument(
         "--gather-spare-sms",
@@ -277,10 +278,13 @@ def main(argv=None) -> int:
             draw(key_b, (BATCH, n // 2, n // 2), args.dtype),
         ),
     }
+    copy_engines = jax_tiled.overlap.permutes_by_copy_engines()
     print(
         f"# {devices[0].device_kind} x{count}, jax {jax.__version__}, {n}^3 {args.dtype}, "
         f"precision {args.precision}, {args.inputs} inputs; efficiency = t(1) / ({count} * "
-        f"t({count})); batch-sharded: {BATCH} x {n // 2}^3"
+        f"t({count})); batch-sharded: {BATCH} x {n // 2}^3; the rings' transfers by "
+        + ("the copy engines" if copy_engines else "NCCL's send/receive")
+        + " (XLA_FLAGS' --xla_gpu_collective_permute_mode)"
     )
     if args.accuracy:
         print(f"# {accuracy.DEFINITIONS}\n# {accuracy.LEGEND}")
@@ -289,7 +293,7 @@ def main(argv=None) -> int:
     if options:
         print(f"# compiled with {options}")
     variants = [
-        (f"chunks={c if c is not None else 'auto'} spare={spare}"
+        (f"chunks={c if c is not None else 'auto'} spare={spare if spare is not None else 'auto'}"
          + (f" gather={gather if gather is not None else 'auto'}"
             if args.gather_spare_sms != [None] else "")
          + (f" barrier={barrier}" if args.gather_barrier != ["on"] else "")
@@ -382,8 +386,9 @@ def main(argv=None) -> int:
         )
 
     mesh = Mesh(np.array(devices[:count]), ("x",))
+    width = max(20, *(len(label) for label, _ in variants))  # the variants' column
     header = (
-        f"{'layout':28} {'jax_tiled':20} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
+        f"{'layout':28} {'jax_tiled':{width}} {'ours ms':>8} {'jnp ms':>8} {'ours eff':>8} "
         f"{'jnp eff':>8} {'jnp/ours':>8} {'gathers':>8}"
     )
     print(header)
@@ -403,7 +408,7 @@ def main(argv=None) -> int:
             gathers, jnp_gathers = ops.get("all-gather", 0), jnp_ops.get("all-gather", 0)
             errors = measured(out, jnp_error, len(specs[0]))
             print(
-                f"{layout:28} {label:20} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
+                f"{layout:28} {label:{width}} {t * 1e3:8.3f} {t_jnp * 1e3:8.3f} "
                 f"{t1_ours / (count * t):8.1%} {t1_jnp / (count * t_jnp):8.1%} "
                 f"{t_jnp / t:7.2f}x {f'{gathers}/{jnp_gathers}':>8}"
                 + ("  GATHERS WHERE JNP DOES NOT" if gathers and not jnp_gathers else "")
@@ -434,7 +439,7 @@ def main(argv=None) -> int:
         write_tool_report(
             args.json, argv, devices=count, size=n, batch=BATCH, dtype=args.dtype,
             precision=args.precision, inputs=args.inputs, pgle_profiling_runs=args.pgle,
-            compiler_options=options, rows=rows,
+            compiler_options=options, permutes_by_copy_engines=copy_engines, rows=rows,
         )  # fmt: skip
     return 0
 
