@@ -206,17 +206,20 @@ class Settings:
     def ring(self, devices: int, replicated: bool, gpu: bool, copy_engines: bool = False) -> str:
         """How a K split over `devices` devices sums: `k_ring`, or where it is
         None the one measured faster on GPUs (docs/sharding.md): the sums ring
-        for a reduce-scattered result on two devices, and for a replicated one
-        too where the ring's transfers run on the copy engines
-        (`copy_engines`: `permutes_by_copy_engines` on a GPU); the
-        collectives elsewhere (NCCL's send/receive, the ring's transfers, ran
-        at half its collectives' rate on four H100s). CPU devices, whose
-        transfers are copies in one host's memory, keep the sums ring."""
+        for a reduce-scattered result on two devices, or on any number where
+        the ring's transfers run on the copy engines (`copy_engines`:
+        `permutes_by_copy_engines` on a GPU), and for a replicated one on two
+        devices with the copy engines; the collectives elsewhere (NCCL's
+        send/receive, the ring's transfers otherwise, ran at half its
+        collectives' rate on four H100s). CPU devices, whose transfers are
+        copies in one host's memory, keep the sums ring."""
         if self.k_ring is not None:
             return self.k_ring
-        if not gpu or (devices == 2 and (copy_engines or not replicated)):
+        if not gpu:
             return "sums"
-        return "collectives"
+        if replicated:
+            return "sums" if copy_engines and devices == 2 else "collectives"
+        return "sums" if copy_engines or devices == 2 else "collectives"
 
     def spares(self, ring: str, copy_engines: bool = False) -> int:
         """The SMs the products of K ring `ring` beside a transfer leave to it:

@@ -12,6 +12,7 @@ all-gather of an operand, and with the overlap turned off, one collective.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -751,16 +752,17 @@ def test_permutes_by_copy_engines_reads_xlas_last_permute_mode(monkeypatch, flag
     assert jax_tiled.overlap.permutes_by_copy_engines() is expected
 
 
-def test_rings_on_the_copy_engines_spare_no_sms_and_ring_a_replicated_k_split_on_two():
+def test_rings_on_the_copy_engines_spare_no_sms_and_ring_more_k_splits():
     """With the transfers on the copy engines the K rings' and the all-gather
     ring's products spare no SM (the collectives, NCCL's kernels on SMs, keep
-    SPARE_SMS and GATHER_SPARE_SMS), two devices sum a replicated K split by
-    the sums ring, more devices keep the collectives; numbers and rings
-    named are kept."""
+    SPARE_SMS and GATHER_SPARE_SMS), a reduce-scattered K split takes the
+    sums ring on any number of devices and a replicated one on two (more
+    keep the collectives); numbers and rings named are kept."""
     settings, overlap = jax_tiled.overlap.Settings, jax_tiled.overlap
     assert settings().ring(2, replicated=True, gpu=True, copy_engines=True) == "sums"
     assert settings().ring(2, replicated=False, gpu=True, copy_engines=True) == "sums"
     assert settings().ring(4, replicated=True, gpu=True, copy_engines=True) == "collectives"
+    assert settings().ring(4, replicated=False, gpu=True, copy_engines=True) == "sums"
     assert settings(k_ring="operands").ring(2, True, True, copy_engines=True) == "operands"
     for ring in ("sums", "operands"):
         assert settings().spares(ring) == overlap.SPARE_SMS > 0
@@ -899,17 +901,25 @@ def test_cuda_all_gather_pattern_by_collectives(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("devices", [2, 4])
 def test_cuda_k_split_sums_as_the_devices_say(rng, devices):
-    """By default on two GPUs a reduce-scattered K split runs the sums ring
-    (collective-permutes) and a replicated one the collectives (all-reduces);
-    on four both run the collectives (reduce-scatters, all-reduces)."""
+    """By default a K split sums as `overlap.Settings.ring` says for the
+    devices and the transfers: the sums ring by collective-permutes, or the
+    collectives by reduce-scatters or all-reduces (without the copy engines'
+    flag: the sums ring for a reduce-scattered result on two GPUs only)."""
     mesh = make_mesh("cuda", (devices,), ("x",))
     a_np, a = put(rng, mesh, (256, 128 * devices), P(None, "x"), jnp.bfloat16)
     b_np, b = put(rng, mesh, (128 * devices, 192), P("x"), jnp.bfloat16)
     a64, b64 = np.asarray(a_np, np.float64), np.asarray(b_np, np.float64)
     # a bfloat16 rounding a device, and one
     bound = (devices + 1) * 2.0**-8 * (np.abs(a64) @ np.abs(b64))
-    scattered = RING if devices == 2 else "reduce-scatter"
-    for out_spec, moved in ((P("x"), {scattered}), (P(), {"all-reduce"})):
+    ring = functools.partial(
+        jax_tiled.overlap.Settings().ring, devices, gpu=True, copy_engines=_copy_engines()
+    )
+    if not _copy_engines():
+        assert ring(replicated=False) == ("sums" if devices == 2 else "collectives")
+        assert ring(replicated=True) == "collectives"
+    scattered = RING if ring(replicated=False) == "sums" else "reduce-scatter"
+    replicated = RING if ring(replicated=True) == "sums" else "all-reduce"
+    for out_spec, moved in ((P("x"), {scattered}), (P(), {replicated})):
         f = jax.jit(jax_tiled.matmul, out_shardings=NamedSharding(mesh, out_spec))
         assert np.all(np.abs(np.asarray(f(a, b), np.float64) - a64 @ b64) <= bound), out_spec
         assert collectives(f, a, b) == moved, out_spec
