@@ -205,21 +205,21 @@ class Settings:
 
     def ring(self, devices: int, replicated: bool, gpu: bool, copy_engines: bool = False) -> str:
         """How a K split over `devices` devices sums: `k_ring`, or where it is
-        None the one measured faster on GPUs (docs/sharding.md): the sums ring
-        for a reduce-scattered result on two devices, or on any number where
-        the ring's transfers run on the copy engines (`copy_engines`:
-        `permutes_by_copy_engines` on a GPU), and for a replicated one on two
-        devices with the copy engines; the collectives elsewhere (NCCL's
-        send/receive, the ring's transfers otherwise, ran at half its
-        collectives' rate on four H100s). CPU devices, whose transfers are
-        copies in one host's memory, keep the sums ring."""
+        None the one measured faster on GPUs (docs/sharding.md): on two
+        devices the sums ring for a reduce-scattered result, and for a
+        replicated one too where the ring's transfers run on the copy engines
+        (`copy_engines`: `permutes_by_copy_engines` on a GPU); the
+        collectives elsewhere (NCCL's send/receive ran at half its
+        collectives' rate on four H100s; on the copy engines the sums ring
+        ran a reduce-scattered split there 1.18-1.19x jnp in two processes
+        and 0.75x in a third, where the collectives do not vary so). CPU
+        devices, whose transfers are copies in one host's memory, keep the
+        sums ring."""
         if self.k_ring is not None:
             return self.k_ring
-        if not gpu:
+        if not gpu or (devices == 2 and (copy_engines or not replicated)):
             return "sums"
-        if replicated:
-            return "sums" if copy_engines and devices == 2 else "collectives"
-        return "sums" if copy_engines or devices == 2 else "collectives"
+        return "collectives"
 
     def spares(self, ring: str, copy_engines: bool = False) -> int:
         """The SMs the products of K ring `ring` beside a transfer leave to it:

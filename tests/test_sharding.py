@@ -752,17 +752,17 @@ def test_permutes_by_copy_engines_reads_xlas_last_permute_mode(monkeypatch, flag
     assert jax_tiled.overlap.permutes_by_copy_engines() is expected
 
 
-def test_rings_on_the_copy_engines_spare_no_sms_and_ring_more_k_splits():
+def test_rings_on_the_copy_engines_spare_no_sms_and_ring_a_replicated_k_split_on_two():
     """With the transfers on the copy engines the K rings' and the all-gather
     ring's products spare no SM (the collectives, NCCL's kernels on SMs, keep
-    SPARE_SMS and GATHER_SPARE_SMS), a reduce-scattered K split takes the
-    sums ring on any number of devices and a replicated one on two (more
-    keep the collectives); numbers and rings named are kept."""
+    SPARE_SMS and GATHER_SPARE_SMS), two devices sum a replicated K split by
+    the sums ring too, more devices keep the collectives; numbers and rings
+    named are kept."""
     settings, overlap = jax_tiled.overlap.Settings, jax_tiled.overlap
     assert settings().ring(2, replicated=True, gpu=True, copy_engines=True) == "sums"
     assert settings().ring(2, replicated=False, gpu=True, copy_engines=True) == "sums"
     assert settings().ring(4, replicated=True, gpu=True, copy_engines=True) == "collectives"
-    assert settings().ring(4, replicated=False, gpu=True, copy_engines=True) == "sums"
+    assert settings().ring(4, replicated=False, gpu=True, copy_engines=True) == "collectives"
     assert settings(k_ring="operands").ring(2, True, True, copy_engines=True) == "operands"
     for ring in ("sums", "operands"):
         assert settings().spares(ring) == overlap.SPARE_SMS > 0
@@ -946,15 +946,27 @@ def test_cuda_all_gather_ring_products_carry_the_spared_sms(rng):
         assert sorted(map(int, re.findall(r"spare_sms = (\d+)", text))) == expected, text
 
 
+@pytest.fixture
+def copy_engine_flag(monkeypatch):
+    """XLA_FLAGS that put the rings' transfers on the copy engines, as the
+    library reads them when it lowers a product. The flag is no part of
+    jit's cache key (XLA reads it once, at start), so the caches are cleared
+    on the way in and out: no program compiled without it is reused here,
+    and none compiled with it after."""
+    monkeypatch.setenv(
+        "XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_gpu_collective_permute_mode=peer"
+    )
+    jax.clear_caches()
+    yield
+    jax.clear_caches()
+
+
 @pytest.mark.gpu
-def test_cuda_rings_on_the_copy_engines(rng, monkeypatch):
+def test_cuda_rings_on_the_copy_engines(rng, copy_engine_flag):
     """Where XLA_FLAGS put the rings' transfers on the copy engines (as the
     library reads them when lowering), two GPUs sum a replicated K split by
     the sums ring, and no product of the K and all-gather rings spares SMs;
     the results as before."""
-    monkeypatch.setenv(
-        "XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_gpu_collective_permute_mode=peer"
-    )
     mesh = make_mesh("cuda", (2,), ("x",))
     cases = {
         "K split, replicated": (P(None, "x"), P("x"), P(), {RING}),
