@@ -253,12 +253,15 @@ class Settings:
 
 
 def permutes_by_copy_engines(xla_flags: str | None = None) -> bool:
-    """Whether XLA runs the rings' transfers (collective-permutes between GPUs
-    of this process) on the copy engines: `xla_flags` (default: the
-    environment's XLA_FLAGS, which XLA reads once, when its backend starts)
-    set `--xla_gpu_collective_permute_mode=peer`, the last such flag winning.
-    Then the transfers take no SM from the products beside them, and the
-    rings' defaults (`Settings.ring`, `spares`, `gather_spares`) follow. A
+    """Whether the XLA flags ask XLA to run the rings' transfers
+    (collective-permutes between GPUs of this process) on the copy engines:
+    `xla_flags` (default: the environment's XLA_FLAGS, which XLA reads once,
+    when its backend starts) set `--xla_gpu_collective_permute_mode=peer`,
+    the last such flag winning. XLA then copies into the peer's memory, and
+    falls back to NCCL's send/receive only where the GPUs have no peer
+    access. The transfers take no SM from the products beside them, and the
+    rings' defaults (`Settings.ring`, `spares`, `gather_spares`) follow.
+    Being fixed for the process, the flag is not part of jit's cache key; a
     mode passed to one compilation as a compiler option is not seen here:
     name the settings then."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
