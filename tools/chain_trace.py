@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import re
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -50,6 +48,7 @@ from jax_tiled.bench.chains import chain_fn, make_chain_inputs
 from jax_tiled.bench.harness import PEER, matmul_fn
 from jax_tiled.bench.report import write_tool_report
 from jax_tiled.bench.timing import pipelined_times
+from jax_tiled.bench.trace import trace_events
 
 GAP_NS = 20_000  # a longer gap between kernels parts two calls
 HOST_EVENTS = 12  # the host's longest events reported per chain
@@ -73,32 +72,6 @@ def chain(form: str, weights: str, length: int, impl: str):
         return x
 
     return unrolled
-
-
-def trace_events(fn, args, calls: int):
-    """The xplane of `calls` calls of fn(*args) under jax.profiler, as
-    (device events, host events): (start_ns, duration_ns, name) sorted, the
-    device's from its "Stream" lines of the first GPU, the host's from every
-    line of the host planes."""
-    jax.block_until_ready(fn(*args))
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
-        outs = [fn(*args) for _ in range(calls)]
-        jax.block_until_ready(outs)
-        jax.profiler.stop_trace()
-        (path,) = glob.glob(f"{trace_dir}/plugins/profile/*/*.xplane.pb")
-        profile = jax.profiler.ProfileData.from_file(path)
-        device, host = [], []
-        for plane in profile.planes:
-            on_gpu = plane.name.startswith("/device:GPU:0")
-            if not on_gpu and not plane.name.startswith("/host:"):
-                continue
-            for line in plane.lines:
-                if on_gpu and not line.name.startswith("Stream"):
-                    continue
-                into = device if on_gpu else host
-                into.extend((e.start_ns, e.duration_ns, e.name) for e in line.events)
-    return sorted(device), sorted(host)
 
 
 def split_calls(events, gap_ns: int = GAP_NS):

@@ -5,7 +5,7 @@
         [--gather-barrier on off] [--k-ring sums operands] [--k-sums accumulation output]
         [--gather-ring blocks collectives]
         [--no-overlap] [--devices 2] [--inputs positive] [--accuracy]
-        [--pgle 3] [--schedule]
+        [--pgle 3] [--schedule] [--profile]
         [--compiler-option xla_gpu_enable_analytical_latency_estimator=true]
         [--json scaling.json]
 
@@ -51,7 +51,11 @@ give each profile's size (empty on CPU devices). `--schedule` prints under
 each of our rows the order of the timed program's entry computation: its
 collectives (an async pair as -start and -done), custom calls (our
 kernels), fusions and dynamic-update-slices, where the scheduler's choices
-show.
+show. `--profile` traces 3 calls of each of our timed programs and of jnp's
+(`jax.profiler`, after the timing) and prints under each row the first
+GPU's kernels that took longest, microseconds a call (ours, then jnp's):
+which transfers ran (NCCL's kernels or `MemcpyP2P`, the copy engines) and
+how long each product took beside them.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ import jax_tiled
 from jax_tiled.bench import accuracy
 from jax_tiled.bench.report import write_tool_report
 from jax_tiled.bench.timing import pipelined_samples
+from jax_tiled.bench.trace import time_by_kernel, trace_events
 
 # name: a's spec, b's spec, the result's spec (jit's out_shardings). Specs of
 # three axes are the batched problem's (BATCH products of half the size).
@@ -248,6 +253,12 @@ def main(argv=None) -> int:
         help="print the order of each of our programs' collectives, kernels and fusions",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace 3 calls of each timed program, ours and jnp's, and print the first GPU's "
+        "longest kernels a call",
+    )
+    parser.add_argument(
         "--inputs",
         default="normal",
         choices=tuple(accuracy.DISTRIBUTIONS),
@@ -313,9 +324,15 @@ def main(argv=None) -> int:
     if args.no_overlap:
         variants.append(("no overlap", dict(enabled=False)))
 
+    def profiled(compiled, a, b, calls: int = 3) -> dict[str, float]:
+        """The first GPU's longest kernels in `calls` traced calls, us a call."""
+        device, _ = trace_events(compiled, (a, b), calls)
+        return {name: us / calls for name, us in time_by_kernel(device, top=6).items()}
+
     def timed(matmul, mesh, specs, settings):
-        """Seconds per product, the result, and the timed program's text and
-        profile size (bytes; 0 without --pgle)."""
+        """Seconds per product, the result, the timed program's text and
+        profile size (bytes; 0 without --pgle), and with --profile its longest
+        kernels (`profiled`)."""
         a_spec, b_spec, out_spec = specs
         a, b = problems[len(a_spec)]
         a_s = jax.device_put(a, NamedSharding(mesh, a_spec))
@@ -333,7 +350,8 @@ def main(argv=None) -> int:
                 )
             out = compiled(a_s, b_s)
             seconds = median_seconds(compiled, a_s, b_s, args.repeats)
-            return seconds, out, compiled.as_text(), profile_bytes
+            kernels = profiled(compiled, a_s, b_s) if args.profile else {}
+            return seconds, out, compiled.as_text(), profile_bytes, kernels
 
     float64 = {}  # rank -> the float64 product of the inputs (--accuracy)
 
@@ -374,8 +392,8 @@ def main(argv=None) -> int:
     single_out = {}  # rank -> our one-device result
     for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts}):
         plain = (P(*[None] * rank),) * 3
-        t1_ours, expected, _, _ = timed(jax_tiled.matmul, one, plain, {})
-        t1_jnp, peer_out, _, _ = timed(jnp.matmul, one, plain, {})
+        t1_ours, expected, *_ = timed(jax_tiled.matmul, one, plain, {})
+        t1_jnp, peer_out, *_ = timed(jnp.matmul, one, plain, {})
         check(expected, peer_out, args.dtype)
         single[rank] = (t1_ours, t1_jnp)
         single_out[rank] = expected
@@ -397,11 +415,11 @@ def main(argv=None) -> int:
     for layout in args.layouts:
         specs = LAYOUTS[layout]
         t1_ours, t1_jnp = single[len(specs[0])]
-        t_jnp, reference, jnp_text, jnp_profile = timed(jnp.matmul, mesh, specs, {})
+        t_jnp, reference, jnp_text, jnp_profile, jnp_kernels = timed(jnp.matmul, mesh, specs, {})
         jnp_ops = collectives(jnp_text)
         jnp_error = against_float64(reference, len(specs[0]))  # once for every variant
         for label, settings in variants:
-            t, out, text, profile = timed(jax_tiled.matmul, mesh, specs, settings)
+            t, out, text, profile, kernels = timed(jax_tiled.matmul, mesh, specs, settings)
             ops = collectives(text)
             check(out, reference, args.dtype)  # jnp's on the same sharding
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
@@ -416,6 +434,9 @@ def main(argv=None) -> int:
             )
             if args.schedule:
                 print(f"  schedule: {' '.join(schedule(text))}")
+            for who, longest in (("ours", kernels), ("jnp", jnp_kernels)) if args.profile else ():
+                listed = ", ".join(f"{name} {us:.0f}" for name, us in longest.items())
+                print(f"  {who}: longest kernels (us a call, GPU 0): {listed or 'none traced'}")
             rows.append(
                 dict(
                     layout=layout,
@@ -432,6 +453,8 @@ def main(argv=None) -> int:
                     schedule=schedule(text),
                     pgle_profile_bytes=profile,
                     jnp_pgle_profile_bytes=jnp_profile,
+                    kernels_us=kernels,
+                    jnp_kernels_us=jnp_kernels,
                     **errors,
                 )
             )
