@@ -329,9 +329,9 @@ def main(argv=None) -> int:
         device, _ = trace_events(compiled, (a, b), calls)
         return {name: us / calls for name, us in time_by_kernel(device, top=6).items()}
 
-    def timed(matmul, mesh, specs, settings):
+    def timed(matmul, mesh, specs, settings, profile: bool = False):
         """Seconds per product, the result, the timed program's text and
-        profile size (bytes; 0 without --pgle), and with --profile its longest
+        profile size (bytes; 0 without --pgle), and where `profile` its longest
         kernels (`profiled`)."""
         a_spec, b_spec, out_spec = specs
         a, b = problems[len(a_spec)]
@@ -350,16 +350,17 @@ def main(argv=None) -> int:
                 )
             out = compiled(a_s, b_s)
             seconds = median_seconds(compiled, a_s, b_s, args.repeats)
-            kernels = profiled(compiled, a_s, b_s) if args.profile else {}
+            kernels = profiled(compiled, a_s, b_s) if profile else {}
             return seconds, out, compiled.as_text(), profile_bytes, kernels
 
     # rank -> the float64 product of the inputs (--accuracy), each computed
     # before any program is timed: the host's BLAS threads then run beside
     # no timed program (XLA's peer-access copies meet in a rendezvous of
     # host threads every call).
+    ranks = sorted({len(LAYOUTS[layout][0]) for layout in args.layouts})  # the problems timed
     float64 = {
         rank: np.matmul(*(np.asarray(x, np.float64) for x in problems[rank]))
-        for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts})
+        for rank in ranks
         if args.accuracy
     }
 
@@ -395,7 +396,7 @@ def main(argv=None) -> int:
     one = Mesh(np.array(devices[:1]), ("x",))
     single = {}  # rank -> (ours, jnp) one-device seconds
     single_out = {}  # rank -> our one-device result
-    for rank in sorted({len(LAYOUTS[layout][0]) for layout in args.layouts}):
+    for rank in ranks:
         plain = (P(*[None] * rank),) * 3
         t1_ours, expected, *_ = timed(jax_tiled.matmul, one, plain, {})
         t1_jnp, peer_out, *_ = timed(jnp.matmul, one, plain, {})
@@ -420,11 +421,15 @@ def main(argv=None) -> int:
     for layout in args.layouts:
         specs = LAYOUTS[layout]
         t1_ours, t1_jnp = single[len(specs[0])]
-        t_jnp, reference, jnp_text, jnp_profile, jnp_kernels = timed(jnp.matmul, mesh, specs, {})
+        t_jnp, reference, jnp_text, jnp_profile, jnp_kernels = timed(
+            jnp.matmul, mesh, specs, {}, profile=args.profile
+        )
         jnp_ops = collectives(jnp_text)
         jnp_error = against_float64(reference, len(specs[0]))  # once for every variant
         for label, settings in variants:
-            t, out, text, profile, kernels = timed(jax_tiled.matmul, mesh, specs, settings)
+            t, out, text, profile, kernels = timed(
+                jax_tiled.matmul, mesh, specs, settings, profile=args.profile
+            )
             ops = collectives(text)
             check(out, reference, args.dtype)  # jnp's on the same sharding
             check(out, single_out[len(specs[0])], args.dtype)  # ours on one device
