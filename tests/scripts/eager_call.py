@@ -5,17 +5,28 @@ the first call of NAME on N x N float32 operands (4 x N/2 x N/2 for the
 batched ones) makes, and the second; the peak resident memory of the second
 call over what its inputs already hold (the peak is reset through
 /proc/self/clear_refs after the first); and the output's size.
+
+The process runs on two CPUs (CI's count): each of the CPU kernel's threads
+keeps a scratch that grows to the largest tile it has packed, and on a
+machine of 64 CPUs a call after the first could land tiles on threads that
+had none yet, whose new scratch read as up to 5 MiB more peak from call to
+call (16 test workers on 64 cores, 2026-11-27). Pinned, the count measures
+what it is for: the copies an eager call must not make (+64 MiB here).
 """
 
 import collections
 import gc
 import json
+import os
 import sys
 
-import jax
-import jax.numpy as jnp
+# Before jax starts its thread pools, which size themselves to the CPUs allowed.
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
-import jax_tiled
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jax_tiled  # noqa: E402
 
 CALLS = {
     "jnp.matmul": jnp.matmul,
