@@ -297,12 +297,25 @@ def _bits_with_specials(rng, shape) -> np.ndarray:
 @pytest.mark.parametrize("k_minor", [True, False], ids=["K along rows", "K down columns"])
 @pytest.mark.parametrize("side", [0, 1], ids=["a", "b"])
 @pytest.mark.parametrize(
-    "shape", [(2, 72, 200), (1, 130, 64), (3, 33, 31), (1, 64, 7), (1, 0, 5), (1, 6, 0)], ids=str
+    "shape",
+    [
+        (2, 72, 200),
+        (1, 130, 64),
+        (1, 9, 36),
+        (3, 33, 31),
+        (4, 2, 16),
+        (1, 64, 7),
+        (1, 0, 5),
+        (1, 6, 0),
+    ],
+    ids=str,
 )
 def test_the_cuda_split_lays_the_cpus_parts(on_gpu, rng, shape, side, k_minor):
     """The lowering's split on one GPU (our kernel) gives the bits XLA's split
     gives on the CPU, NaNs apart (any NaN is a NaN): whole and short chunks,
-    odd columns (an element a thread) and empty operands, both layouts."""
+    eight, four and one columns a thread (200 and 64, 36, 31), row groups
+    across batch entries (33 rows; 2, shorter than a group) and empty
+    operands, both layouts."""
     split = _presets.BF16_X3
     x = _bits_with_specials(rng, shape)
     ours = np.asarray(jax.jit(lambda v: _lowering.split_on_gpu(v, split, side, k_minor))(x))

@@ -70,37 +70,88 @@ __device__ inline int64_t LaidPosition(int64_t k, int t, const SplitLayout& s) {
   return whole * s.terms + t * (s.k - whole) + (k - whole);
 }
 
-// A block row walks rows (grid-stride in y); each thread takes kVec
-// neighbouring elements of a row (kVec divides the columns and the chunk, so
-// a group never straddles a chunk: chunks and the last chunk's width are
-// multiples of it), one load of them and one store of each term's kVec parts.
+// kVec floats from x (16-byte loads where kVec >= 4), read once: past L1.
+template <int kVec>
+__device__ __forceinline__ void LoadFloats(const float* x, float (&v)[kVec]) {
+  if constexpr (kVec >= 4) {
+#pragma unroll
+    for (int i = 0; i < kVec; i += 4) {
+      const float4 q = __ldcs(reinterpret_cast<const float4*>(x + i));
+      v[i] = q.x, v[i + 1] = q.y, v[i + 2] = q.z, v[i + 3] = q.w;
+    }
+  } else if constexpr (kVec == 2) {
+    const float2 q = __ldcs(reinterpret_cast<const float2*>(x));
+    v[0] = q.x, v[1] = q.y;
+  } else {
+    v[0] = __ldcs(x);
+  }
+}
+
+// kVec bfloat16 bits to out in one store (16 bytes at kVec = 8).
+template <int kVec>
+__device__ __forceinline__ void StoreHalves(uint16_t* out, const uint16_t (&h)[kVec]) {
+  using Word = std::conditional_t<
+      kVec == 8, uint4,
+      std::conditional_t<kVec == 4, uint2, std::conditional_t<kVec == 2, uint32_t, uint16_t>>>;
+  Word word;
+  memcpy(&word, h, sizeof(word));
+  *reinterpret_cast<Word*>(out) = word;
+}
+
+// Rows a thread takes at a time: their loads are all issued before the first
+// row's parts are stored, so that a thread keeps kSplitRows x kVec x 4 bytes
+// in flight, and its index arithmetic is shared by kSplitRows x kVec
+// elements (the version before did it for every four: NOTES.md, "A split of
+// our own").
+inline constexpr int kSplitRows = 4;
+
+// A thread takes kVec neighbouring columns (kVec divides the columns and,
+// where K runs along a row, the chunk: a group never straddles a chunk, as
+// chunks and the last chunk's width are multiples of it) of kSplitRows rows
+// at a time; threadIdx.x walks the columns, threadIdx.y and the grid's y the
+// rows (grid-stride), so that narrow operands still fill the blocks.
 template <int kVec>
 __global__ void SplitIntoLaidParts(const float* __restrict__ x, uint16_t* __restrict__ out,
                                    SplitLayout s) {
-  using Words =
-      std::conditional_t<kVec == 4, uint2, std::conditional_t<kVec == 2, uint32_t, uint16_t>>;
-  using Loads = std::conditional_t<kVec == 4, float4, std::conditional_t<kVec == 2, float2, float>>;
   const int64_t col = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   if (col >= s.cols) return;
-  for (int64_t row = blockIdx.y; row < s.rows; row += gridDim.y) {
-    const Loads loaded = *reinterpret_cast<const Loads*>(x + row * s.cols + col);
-    const float* values = reinterpret_cast<const float*>(&loaded);
-    Bf16Parts parts[kVec];
+  // k_minor: out is (rows, cols x terms), and where this thread's columns land
+  // in a row is the same for every row.
+  // (The term loops run to kMaxSplitTerms, so that this array's indices are
+  // constants and it stays in registers.)
+  int64_t laid_in_row[kMaxSplitTerms] = {};
 #pragma unroll
-    for (int v = 0; v < kVec; ++v) parts[v] = SplitIntoBf16(values[v]);
-    // k_minor: out is (rows, cols x terms); else (batch, K x terms, cols).
-    int64_t batch = 0, k = col;
-    if (!s.k_minor) batch = row / s.k, k = row - batch * s.k;
-    for (int t = 0; t < s.terms; ++t) {
-      const int64_t laid = LaidPosition(k, t, s);
-      const int64_t at =
-          s.k_minor ? row * s.cols * s.terms + laid : (batch * s.k * s.terms + laid) * s.cols + col;
-      uint16_t halves[kVec];
+  for (int t = 0; t < kMaxSplitTerms; ++t)
+    if (s.k_minor && t < s.terms) laid_in_row[t] = LaidPosition(col, t, s);
+  const int64_t stride = int64_t{gridDim.y} * blockDim.y * kSplitRows;
+  for (int64_t first = (int64_t{blockIdx.y} * blockDim.y + threadIdx.y) * kSplitRows;
+       first < s.rows; first += stride) {
+    float values[kSplitRows][kVec];
 #pragma unroll
-      for (int v = 0; v < kVec; ++v) halves[v] = PartOf(parts[v], s.Part(t));
-      Words words;
-      memcpy(&words, halves, sizeof(words));
-      *reinterpret_cast<Words*>(out + at) = words;
+    for (int r = 0; r < kSplitRows; ++r)
+      if (first + r < s.rows) LoadFloats<kVec>(x + (first + r) * s.cols + col, values[r]);
+    // Else out is (batch, K x terms, cols): row first + r is element k of K in
+    // its batch entry, found by one division for the group.
+    int64_t batch = 0, k = 0;
+    if (!s.k_minor) batch = first / s.k, k = first - batch * s.k;
+#pragma unroll
+    for (int r = 0; r < kSplitRows; ++r, ++k) {
+      if (first + r >= s.rows) break;
+      while (k >= s.k) k -= s.k, ++batch;  // K shorter than the group: more than one step
+      Bf16Parts parts[kVec];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) parts[v] = SplitIntoBf16(values[r][v]);
+#pragma unroll
+      for (int t = 0; t < kMaxSplitTerms; ++t) {
+        if (t >= s.terms) break;
+        const int64_t at = s.k_minor
+                               ? (first + r) * s.cols * s.terms + laid_in_row[t]
+                               : (batch * s.k * s.terms + LaidPosition(k, t, s)) * s.cols + col;
+        uint16_t halves[kVec];
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) halves[v] = PartOf(parts[v], s.Part(t));
+        StoreHalves<kVec>(out + at, halves);
+      }
     }
   }
 }
@@ -113,12 +164,21 @@ inline cudaError_t LaunchSplitIntoLaidParts(const float* x, uint16_t* out, const
   // thread's group then lies in one chunk.
   const int64_t chunk = int64_t{1} << s.chunk_shift;
   const auto divides = [&](int v) { return s.cols % v == 0 && (!s.k_minor || chunk % v == 0); };
-  const int vec = divides(4) ? 4 : divides(2) ? 2 : 1;
-  const dim3 grid(static_cast<unsigned>((s.cols / vec + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(std::min<int64_t>(s.rows, 65535)));
-  if (vec == 4) SplitIntoLaidParts<4><<<grid, kThreads, 0, stream>>>(x, out, s);
-  else if (vec == 2) SplitIntoLaidParts<2><<<grid, kThreads, 0, stream>>>(x, out, s);
-  else SplitIntoLaidParts<1><<<grid, kThreads, 0, stream>>>(x, out, s);
+  const int vec = divides(8) ? 8 : divides(4) ? 4 : divides(2) ? 2 : 1;
+  // As many threads along a row as its groups (a power of two, at least a
+  // warp), the rest of the block along the rows.
+  const int64_t groups = s.cols / vec;
+  int across = 32;
+  while (across < groups && across < kThreads) across *= 2;
+  const dim3 block(across, kThreads / across);
+  const int64_t row_groups = (s.rows + kSplitRows - 1) / kSplitRows;
+  const dim3 grid(
+      static_cast<unsigned>((groups + across - 1) / across),
+      static_cast<unsigned>(std::min<int64_t>((row_groups + block.y - 1) / block.y, 65535)));
+  if (vec == 8) SplitIntoLaidParts<8><<<grid, block, 0, stream>>>(x, out, s);
+  else if (vec == 4) SplitIntoLaidParts<4><<<grid, block, 0, stream>>>(x, out, s);
+  else if (vec == 2) SplitIntoLaidParts<2><<<grid, block, 0, stream>>>(x, out, s);
+  else SplitIntoLaidParts<1><<<grid, block, 0, stream>>>(x, out, s);
   return cudaGetLastError();
 }
 
