@@ -909,8 +909,10 @@ def test_scaling_tool_measures_error_against_float64(tmp_path):
 
 def test_scaling_tool_profiles_each_program(tmp_path):
     """--profile: each row's program and jnp's traced, their first GPU's
-    longest kernels printed under the row and written (none on CPU devices,
-    which have no GPU plane; on GPUs the products and transfers)."""
+    longest kernels printed under the row and written: here none, as run_tool
+    runs the tool on the CPU devices (on a GPU machine too), which have no GPU
+    plane. (On GPUs it lists the products and transfers: the H200 runs of
+    docs/sharding.md, "Two H200s".)"""
     report = tmp_path / "scaling.json"
     layouts = ["K-sharded, reduce-scatter"]
     result = run_tool(
@@ -919,13 +921,10 @@ def test_scaling_tool_profiles_each_program(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     (row,) = json.loads(report.read_text())["rows"]
-    on_gpu = jax.default_backend() == "gpu"
-    for field in ("kernels_us", "jnp_kernels_us"):
-        assert isinstance(row[field], dict) and bool(row[field]) == on_gpu, row[field]
-        assert all(us > 0 for us in row[field].values()), row[field]
+    assert row["kernels_us"] == {} and row["jnp_kernels_us"] == {}, row
     printed = [line for line in result.stdout.splitlines() if "longest kernels" in line]
     assert [line.split(":")[0].strip() for line in printed] == ["ours", "jnp"], printed
-    assert on_gpu or all(line.endswith("none traced") for line in printed), printed
+    assert all(line.endswith("none traced") for line in printed), printed
 
 
 def test_scaling_tool_compiles_with_options_and_times_the_ring_settings(tmp_path):
