@@ -2,7 +2,7 @@
 
 `x @ ws[3]` reaches the lowering as a `stablehlo.slice` of the stack; where
 the kernel that runs it reads stacks in place (the kernel table's
-`stack_slices`: the CPU kernel, CUDA's `mma`), the FFI call takes the stack,
+`stack_slices`: the CPU kernel, CUDA's `mma` and `wgmma`), the FFI call takes the stack,
 reshaped to (L, batch, rows, cols), and an int32 index instead of XLA's copy
 of the slice. The handler also takes a stack for any other kernel (on CUDA
 it gathers the slice first), and clamps the index as `dynamic_slice` does.
@@ -109,6 +109,45 @@ def test_stacks_of_batches_and_either_operand(platform, rng, x_shape, ws_shape, 
     copied = jax_tiled.matmul(jnp.array(a), jnp.array(b))
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, ws)), np.asarray(copied))
     assert_matmul_close(copied, a, b, platform=platform)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(
+    "x_shape,ws_shape,pick,transpose_b",
+    [
+        ((2048, 128), (3, 128, 2048), "b", False),  # wide tiles in pairs; TF32 swaps A and B
+        ((3, 2048, 128), (128, 2048), "a", False),
+        ((3, 2048, 128), (3, 128, 2048), "ab", False),
+        ((2048, 128), (3, 2048, 128), "b", True),  # b read as stored, (n, k)
+        ((16, 128), (3, 128, 2048), "b", False),  # a few rows: 16-bit swaps them onto N
+        ((4, 256, 128), (3, 4, 128, 512), "b", False),  # a slice of a batch
+        ((100, 72), (3, 72, 40), "b", False),  # odd, one tile
+    ],
+    ids=["b", "a", "both", "b transposed", "few rows", "batched", "odd"],
+)
+def test_wgmma_reads_stacks_in_place(on_gpu, rng, dtype, x_shape, ws_shape, pick, transpose_b):
+    """wgmma's descriptors span the stack and its producer starts at the
+    chosen slice's batches: the FFI call takes the stack, and the result is
+    bitwise wgmma's on the slices copied out, for the last slice (the
+    largest offset), in every arrangement the kernel has (C^T for TF32 and
+    for a few rows, both operands, batches, a transposed b)."""
+    x = jnp.asarray(random_array(rng, x_shape, dtype))
+    ws = jnp.asarray(random_array(rng, ws_shape, dtype))
+
+    def operands(x, ws):
+        a = x[-1] if "a" in pick else x
+        b = ws[-1] if "b" in pick else ws
+        return a, (jnp.swapaxes(b, -1, -2) if transpose_b else b)
+
+    def f(x, ws):
+        return jax_tiled.matmul(*operands(x, ws), kernel="wgmma")
+
+    assert stacked_calls(lowered(f, x, ws, platform="cuda")) == 1
+    a, b = (jnp.array(np.asarray(v)) for v in operands(x, ws))
+    copied = jax_tiled.matmul(a, b, kernel="wgmma")
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, ws)), np.asarray(copied))
+    assert_matmul_close(copied, np.asarray(a), np.asarray(b), platform="cuda")
 
 
 def test_other_slices_are_left_to_xla(platform, rng):

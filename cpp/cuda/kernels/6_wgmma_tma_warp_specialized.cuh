@@ -62,6 +62,7 @@
 #include "cuda/blocks/tf32.cuh"
 #include "cuda/blocks/tile_scheduler.cuh"
 #include "cuda/kernel.h"
+#include "stack_slice.h"
 
 namespace jax_tiled::cuda {
 
@@ -261,6 +262,19 @@ struct WgmmaStages {
 };
 
 // A walk around the ring of stages: the stage, and the parity of the pass.
+// The operands given as slices of stacks (stack_slice.h; an unstacked
+// operand's index is null), swapped with the operands where the kernel
+// computes C^T (ArrangeWgmma).
+struct WgmmaStacks { StackSlice a, b; };
+
+// Where the chosen slice's batches start in a descriptor that spans the
+// stack (OperandOf): each slice holds the operand's batches, one where it is
+// broadcast. 0 unstacked. Reads the index, which lives on the device.
+__device__ __forceinline__ int FirstBatchOf(const StackSlice& stack, int64_t batch_stride,
+                                            int64_t batch) {
+  return static_cast<int>(stack.Chosen() * (batch_stride ? batch : 1));
+}
+
 template <int kStages>
 struct StageCursor {
   int stage = 0;
@@ -283,10 +297,11 @@ struct WgmmaProducer {
   static constexpr int kRewriters = 96;  // the warpgroup's threads past its first warp
 
   __device__ __forceinline__ static void Run(const Stages& stages, const CUtensorMap* a_map,
-                                             const CUtensorMap* b_map, const MatmulDims& dims) {
+                                             const CUtensorMap* b_map, const MatmulDims& dims,
+                                             const WgmmaStacks& stacks) {
     hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      Copy(stages, a_map, b_map, dims);
+      Copy(stages, a_map, b_map, dims, stacks);
     } else if constexpr (Ops::kRewritesB) {
       if (threadIdx.x >= 32) RewriteB(stages, dims, threadIdx.x - 32);
     }
@@ -295,15 +310,20 @@ struct WgmmaProducer {
  private:
   // A: this block's own rows. B: part `rank` of each slab, multicast to every
   // block of the cluster, whose full barriers count the bytes of all parts.
+  // An operand given as a slice of a stack is copied from the chosen slice's
+  // batches (its descriptor spans the stack's).
   __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
-                                              const CUtensorMap* b_map, const MatmulDims& dims) {
+                                              const CUtensorMap* b_map, const MatmulDims& dims,
+                                              const WgmmaStacks& stacks) {
     constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
     uint64_t* const copied = Ops::kRewritesB ? stages.landed : stages.full;
+    const int a_first = FirstBatchOf(stacks.a, dims.a_batch_stride, dims.batch);
+    const int b_first = FirstBatchOf(stacks.b, dims.b_batch_stride, dims.batch);
     StageCursor<Cfg::kStages> at;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
-      const int a_batch = dims.a_batch_stride ? unit.batch : 0;
-      const int b_batch = dims.b_batch_stride ? unit.batch : 0;
+      const int a_batch = a_first + (dims.a_batch_stride ? unit.batch : 0);
+      const int b_batch = b_first + (dims.b_batch_stride ? unit.batch : 0);
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         // Every block of the cluster released the stage.
         hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);
@@ -943,7 +963,7 @@ cudaError_t ClusterReduceEpilogue<Cfg, Ops, Out>::FixUp(const Params& params,
 template <class Cfg, class Ops, class Scheduler, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WgmmaMatmul(const __grid_constant__ CUtensorMap a_map,
-                const __grid_constant__ CUtensorMap b_map, MatmulDims dims,
+                const __grid_constant__ CUtensorMap b_map, MatmulDims dims, WgmmaStacks stacks,
                 const __grid_constant__ typename Epilogue::Params out) {
 #if JAX_TILED_SM90A
   static_assert(!Epilogue::kOverStages || Scheduler::kOneUnitABlock,
@@ -962,7 +982,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   else __syncthreads();
 
   if (threadIdx.x < 128) {
-    Producer::Run(stages, &a_map, &b_map, dims);
+    Producer::Run(stages, &a_map, &b_map, dims, stacks);
     Epilogue::Join();
   } else {
     WgmmaConsumer<Cfg, Ops> consumer;
@@ -980,27 +1000,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-// The copy engine's view of op(A) (free axis M) or op(B) (free axis N).
+// The copy engine's view of op(A) (free axis M) or op(B) (free axis N); of a
+// stack of them (`stack`), every slice's batches, one slice after another
+// (the slices are contiguous: WgmmaStackFits).
 template <class In>
 hopper::OperandLayout OperandOf(const void* base, bool k_contiguous, int64_t free_extent, int64_t k,
-                                int64_t ld, int64_t batch_stride, int64_t batch, int free_box) {
+                                int64_t ld, int64_t batch_stride, int64_t batch, int free_box,
+                                const StackSlice& stack) {
   return {base,
           k_contiguous ? k : free_extent,
           k_contiguous ? free_extent : k,
-          batch_stride ? batch : 1,
+          (batch_stride ? batch : 1) * stack.count,
           ld,
-          batch_stride,
+          batch_stride ? batch_stride : stack.stride,
           k_contiguous ? free_box : hopper::kSwizzleElements<In>,
           static_cast<int>(sizeof(In))};
 }
 
 template <class In>
-hopper::OperandLayout OperandA(const MatmulDims& d, const void* a, int box_m) {
-  return OperandOf<In>(a, !d.transpose_a, d.m, d.k, d.lda, d.a_batch_stride, d.batch, box_m);
+hopper::OperandLayout OperandA(const MatmulDims& d, const void* a, int box_m,
+                               const StackSlice& stack = {}) {
+  return OperandOf<In>(a, !d.transpose_a, d.m, d.k, d.lda, d.a_batch_stride, d.batch, box_m, stack);
 }
 template <class In>
-hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n) {
-  return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n);
+hopper::OperandLayout OperandB(const MatmulDims& d, const void* b, int box_n,
+                               const StackSlice& stack = {}) {
+  return OperandOf<In>(b, d.transpose_b, d.n, d.k, d.ldb, d.b_batch_stride, d.batch, box_n, stack);
+}
+
+// A stack the descriptor can span: its slices one after another, each the
+// operand's batches (a slice of a batched operand is its batch x batch
+// stride elements long).
+inline bool WgmmaStackFits(const StackSlice& stack, int64_t batch_stride, int64_t batch) {
+  return !stack.stacked() || !batch_stride || stack.stride == batch * batch_stride;
 }
 
 // The kernel computes C^T = B^T A^T (see the top of this file):
@@ -1030,17 +1062,19 @@ struct WgmmaArrangement {
   const void* a;
   const void* b;
   bool transposed_out;
+  WgmmaStacks stacks;
 };
 
 inline WgmmaArrangement ArrangeWgmma(const MatmulDims& d, const void* a, const void* b,
-                                     bool swap_ab) {
-  if (!swap_ab) return {d, a, b, false};
+                                     bool swap_ab, const WgmmaStacks& stacks = {}) {
+  if (!swap_ab) return {d, a, b, false, stacks};
   MatmulDims t = d;
   t.m = d.n, t.n = d.m;
   t.a_batch_stride = d.b_batch_stride, t.b_batch_stride = d.a_batch_stride;
   t.lda = d.ldb, t.ldb = d.lda;
   t.transpose_a = !d.transpose_b, t.transpose_b = !d.transpose_a;
-  return {t, b, a, true};  // ldc and the output's batch stride stay the caller's
+  // ldc and the output's batch stride stay the caller's.
+  return {t, b, a, true, WgmmaStacks{stacks.b, stacks.a}};
 }
 
 // 3xTF32 does not run a stored (k, m) with b stored (k, n): B would need
@@ -1181,15 +1215,19 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   using Tiles = WgmmaTiles<Cfg, Ops>;
   const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
-  if (cudaError_t err =
-          hopper::EncodeOperand<In>(OperandA<In>(dims, w.a, Tiles::A::BoxRows()), &a_map))
+  if (!WgmmaStackFits(w.stacks.a, dims.a_batch_stride, dims.batch) ||
+      !WgmmaStackFits(w.stacks.b, dims.b_batch_stride, dims.batch))
+    return cudaErrorInvalidValue;
+  if (cudaError_t err = hopper::EncodeOperand<In>(
+          OperandA<In>(dims, w.a, Tiles::A::BoxRows(), w.stacks.a), &a_map))
     return err;
   // One TF32 pass reads B as the copy engine rounds it; 3xTF32 splits B's
   // float32 values in shared memory, so they must land whole. Each block of a
   // cluster copies its part of B.
   constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
   constexpr int kBRows = Tiles::B::template BoxRows<Cfg::kClusterM>();
-  if (cudaError_t err = hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows), &b_map, kRoundB))
+  if (cudaError_t err =
+          hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows, w.stacks.b), &b_map, kRoundB))
     return err;
   constexpr auto kernel = WgmmaMatmul<Cfg, Ops, WgmmaScheduler<Cfg, Ops>, Epilogue>;
   constexpr int kShared = kWgmmaSharedBytes<Cfg, Ops, Out>;
@@ -1209,7 +1247,8 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   launch.stream = context.stream;
   launch.attrs = &cluster;
   launch.numAttrs = cluster_size > 1 ? 1 : 0;
-  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, params)) return err;
+  if (cudaError_t err = cudaLaunchKernelEx(&launch, kernel, a_map, b_map, dims, w.stacks, params))
+    return err;
   return Epilogue::FixUp(params, dims, plan, context);
 }
 
@@ -1253,6 +1292,7 @@ cudaError_t LaunchWgmmaFewRows(const WgmmaArrangement& w, Out* out, const Launch
 inline constexpr Takes kWgmmaTakes = [] {
   Takes takes = TensorCoreTakes(90, /*hopper_only=*/true);
   takes.reads_transposes = true;
+  takes.stack_slices = true;  // the descriptors span the stack (OperandOf, WgmmaProducer::Copy)
   return takes;
 }();
 
@@ -1329,7 +1369,8 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
   if (!WgmmaLayoutFits(p.SplitsTf32(), p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims) ||
       plan.transposes_b != WgmmaTransposesB(kTf32, p.dims))
     return cudaErrorInvalidValue;
-  const WgmmaArrangement w = ArrangeWgmma(p.dims, p.a, p.b, plan.swap_ab);
+  const WgmmaArrangement w =
+      ArrangeWgmma(p.dims, p.a, p.b, plan.swap_ab, WgmmaStacks{p.a_stack, p.b_stack});
   return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
     using Out = decltype(result);
     Out* const c = static_cast<Out*>(out);
