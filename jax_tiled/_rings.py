@@ -14,6 +14,7 @@ Operands are in the canonical stored layout of `_canonical`: a is (Ba, M, K) or
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -39,8 +40,34 @@ def _pad_to(x, dim, size):
 
 def _rows(take, x, start, size):
     """Rows [start, start + size) of x along the ring's dimension, or x itself
-    where it has none (`take` None: see `_padded_slicers`)."""
-    return x if take is None else take(start, size)
+    where it has none (`take` None: see `_padded_slicers`), as an operand of
+    `_call`: (the rows, None), or (a stack of such rows, the index of these)."""
+    return (x, None) if take is None else take(start, size)
+
+
+def _call(call, a, b, product, out_dtype):
+    """`call` on operands each given as (array, None) or (stack, int32 index)
+    (`_rows`): a stack goes to the FFI call with its index, as
+    `_lowering.ffi_product` takes it, and the kernel reads the slice in place
+    where it can (the CUDA handler copies it out for the others), where XLA
+    would copy each slice before the call."""
+    (a, a_index), (b, b_index) = a, b
+    indices = [index for index in (a_index, b_index) if index is not None]
+    if indices:
+        product = dataclasses.replace(
+            product, a_stacked=a_index is not None, b_stacked=b_index is not None
+        )
+    return call(a, b, product, out_dtype, *indices)
+
+
+def _as_stack(x, dim, rows):
+    """x (B, Y, X) cut along `dim` into slices of `rows` as a stack (L, B', Y',
+    X) (free: row-major), where each slice is contiguous (the batch axis, or
+    Y of a batch of one) and `rows` divides the axis; else None."""
+    if x.shape[dim] % rows or not (dim == 0 or (dim == 1 and x.shape[0] == 1)):
+        return None
+    count = x.shape[dim] // rows
+    return x.reshape((count, rows, *x.shape[1:]) if dim == 0 else (count, 1, rows, x.shape[2]))
 
 
 def reduce_scatter_ring(
@@ -86,7 +113,9 @@ def reduce_scatter_ring(
     rounds_sums = send_dtype is not None and np.dtype(send_dtype) != np.dtype(acc_dtype)
     size, block = _blocks(a, b, dims, factor, n)
     q = -(-block // pieces)
-    a, b, take_a, take_b = _padded_slicers(a, b, dims, factor, (n - 1) * block + pieces * q)
+    a, b, take_a, take_b = _padded_slicers(
+        a, b, dims, factor, (n - 1) * block + pieces * q, stack_rows=q if block % q == 0 else None
+    )
 
     index = lax.axis_index(axes)
     forward = [(j, (j + 1) % n) for j in range(n)]
@@ -97,7 +126,8 @@ def reduce_scatter_ring(
             start = ((index - 1 - s) % n) * block + p * q
             first = p == 0 and s == 0
             sent = rounds_sums and s < n - 1
-            partial = call(
+            partial = _call(
+                call,
                 _rows(take_a, a, start, q),
                 _rows(take_b, b, start, q),
                 product if first else beside_transfer,
@@ -145,7 +175,7 @@ def operand_ring(call, product, a, b, *, axes, n, factor, dims, gather, acc_dtyp
     def received(take, operand, s):
         """What device i gets at step s from device i - s: its rows of block i,
         or its operand whole."""
-        mine = _rows(take, operand, ((index + s) % n) * block, block)
+        mine, _ = _rows(take, operand, ((index + s) % n) * block, block)  # no stacks: sent
         return mine if s == 0 else lax.ppermute(mine, axes, [(j, (j + s) % n) for j in range(n)])
 
     incoming = [(received(take_a, a, s), received(take_b, b, s)) for s in range(n)]
@@ -181,12 +211,19 @@ def collective_pieces(
     M) or of b (along N) of static bounds.
     """
     (_, am, _), (_, _, bn) = dims
-    bounds = _cuts(a.shape[am] if across == "m" else b.shape[bn], pieces)
+    x, dim = (a, am) if across == "m" else (b, bn)
+    bounds = _cuts(x.shape[dim], pieces)
+    # Equal pieces of contiguous rows: a stack whose slices the kernel reads in place.
+    equal = x.shape[dim] % pieces == 0 and len(bounds) - 1 == pieces
+    stack = _as_stack(x, dim, bounds[1]) if equal else None
     summed, pending = [], None
-    for lo, hi in zip(bounds, bounds[1:]):
-        a_piece = lax.slice_in_dim(a, lo, hi, axis=am) if across == "m" else a
-        b_piece = lax.slice_in_dim(b, lo, hi, axis=bn) if across == "n" else b
-        partial = call(a_piece, b_piece, product if pending is None else beside_transfer, sum_dtype)
+    for p, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        piece = (
+            (lax.slice_in_dim(x, lo, hi, axis=dim), None) if stack is None else (stack, np.int32(p))
+        )
+        a_piece, b_piece = (piece, (b, None)) if across == "m" else ((a, None), piece)
+        step = product if pending is None else beside_transfer
+        partial = _call(call, a_piece, b_piece, step, sum_dtype)
         if pending is not None:
             pending, partial = lax.optimization_barrier((pending, partial))
             summed.append(pending)
@@ -267,10 +304,13 @@ def _blocks(a, b, dims, factor, n):
     return size, -(-size // n)
 
 
-def _padded_slicers(a, b, dims, factor, padded):
+def _padded_slicers(a, b, dims, factor, padded, stack_rows=None):
     """a and b padded to `padded` along the factor's dimension, where they
     hold it, and their slicers (None for an operand without it: a for N, b
-    for M, a broadcast batch), so that no slice is clamped."""
+    for M, a broadcast batch), so that no slice is clamped. A slicer gives
+    `_call`'s operands: where every slice is `stack_rows` long at a multiple
+    of it and contiguous (`_as_stack`), a stack and the slice's index, else
+    the slice."""
     (_, am, _), (_, _, bn) = dims
     batch = _canonical.batch(a.shape[0], b.shape[0])
     a_dim = {"batch": 0, "m": am, "n": None}[factor]
@@ -280,7 +320,10 @@ def _padded_slicers(a, b, dims, factor, padded):
         if dim is None or (dim == 0 and x.shape[0] == 1 and batch != 1):
             return x, None
         x = _pad_to(x, dim, padded)
-        return x, lambda start, size: lax.dynamic_slice_in_dim(x, start, size, axis=dim)
+        stack = _as_stack(x, dim, stack_rows) if stack_rows else None
+        if stack is not None:
+            return x, lambda start, size: (stack, jnp.asarray(start // stack_rows, jnp.int32))
+        return x, lambda start, size: (lax.dynamic_slice_in_dim(x, start, size, axis=dim), None)
 
     (a, take_a), (b, take_b) = sliced(a, a_dim), sliced(b, b_dim)
     return a, b, take_a, take_b

@@ -483,6 +483,16 @@ def test_operand_ring_rounds_a_16_bit_result_once(rng):
             assert_matmul_close(out, a_np, b_np)
 
 
+def _sliced(a, b, p, indices):
+    """A ring's call's operands as arrays: a stack's chosen slice taken
+    (`_rings._call` hands stacks on with their indices)."""
+    indices = list(indices)
+    return (
+        a[indices.pop(0)] if p.a_stacked else a,
+        b[indices.pop(0)] if p.b_stacked else b,
+    )
+
+
 def _ring_on_four(body, in_specs, out_spec):
     """body(a, b), a ring on its per-device blocks, over 4 CPU devices."""
     mesh = make_mesh("cpu", (4,), ("x",))
@@ -497,7 +507,8 @@ def _ring_spares(rng, ring, in_specs, out_spec):
     product, beside = _rings_product(spare_sms=0), _rings_product(spare_sms=32)
     seen = []
 
-    def call(a, b, p, out_dtype):
+    def call(a, b, p, out_dtype, *indices):
+        a, b = _sliced(a, b, p, indices)
         seen.append(p.spare_sms)
         return jnp.matmul(a, b).astype(out_dtype)
 
@@ -556,7 +567,8 @@ def _ring_jaxpr(ring, in_specs, out_spec):
     devices for a (1, 16, 32) by b (1, 32, 24), the products as jnp.matmul."""
     product = _rings_product(spare_sms=0)
 
-    def call(a, b, p, out_dtype):
+    def call(a, b, p, out_dtype, *indices):
+        a, b = _sliced(a, b, p, indices)
         return jnp.matmul(a, b).astype(out_dtype)
 
     f = _ring_on_four(lambda a, b: ring(call, product, product, a, b), in_specs, out_spec)
@@ -1056,7 +1068,8 @@ def test_k_ring_sends_its_sums_in_send_dtype(rng, send_dtype):
     product = _rings_product(spare_sms=0)
     asked = []
 
-    def call(a, b, p, out_dtype):
+    def call(a, b, p, out_dtype, *indices):
+        a, b = _sliced(a, b, p, indices)
         asked.append(np.dtype(out_dtype))
         return jnp.matmul(a, b).astype(out_dtype)
 

@@ -117,7 +117,51 @@ def run_kernel(kernel: str) -> None:
             )
     assert cases, f"no case runs on {kernel}"
     laid = run_laid(kernel, rng)
-    print(f"{kernel}: {len(cases)} products and {laid} of laid parts correct")
+    stacked = run_stacked(kernel, rng)
+    print(
+        f"{kernel}: {len(cases)} plain, {laid} laid parts' and {stacked} stacks' slices' "
+        "products correct"
+    )
+
+
+# Slices of stacks that a kernel reads in place (cpp/stack_slice.h): the last
+# slice (the largest offset) of a, of b, of both, of a batched b, on odd
+# shapes and on one large enough for the Hopper kernel's wide tiles; (x, ws,
+# which operands are slices).
+STACKED = [
+    ((33, 72), (3, 72, 40), "b"),
+    ((3, 130, 72), (72, 40), "a"),
+    ((3, 33, 72), (3, 72, 136), "ab"),
+    ((4, 33, 72), (3, 4, 72, 40), "b"),
+    ((1032, 72), (2, 72, 4104), "b"),
+]
+
+
+def run_stacked(kernel: str, rng) -> int:
+    """Each STACKED case where `kernel` reads stacks in place, bfloat16 and
+    float32, against float64; the number run."""
+    if not {k.name: k for k in _ffi.kernel_table("cuda")}[kernel].stack_slices:
+        return 0
+    taken = 0
+    for (x_shape, ws_shape, pick), dtype in itertools.product(STACKED, (jnp.bfloat16, np.float32)):
+        x = rng.standard_normal(x_shape).astype(dtype)
+        ws = rng.standard_normal(ws_shape).astype(dtype)
+        a = x[-1] if "a" in pick else x
+        b = ws[-1] if "b" in pick else ws
+
+        def f(x, ws, pick=pick):
+            return jax_tiled.matmul(
+                x[-1] if "a" in pick else x, ws[-1] if "b" in pick else ws, kernel=kernel
+            )
+
+        out = jax.jit(f)(x, ws)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 5e-3
+        np.testing.assert_allclose(
+            np.asarray(out, np.float64), ref, rtol=tol, atol=tol * np.sqrt(a.shape[-1])
+        )
+        taken += 1
+    return taken
 
 
 def run_laid(kernel: str, rng) -> int:
