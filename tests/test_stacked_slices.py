@@ -135,19 +135,19 @@ def test_wgmma_reads_stacks_in_place(on_gpu, rng, dtype, x_shape, ws_shape, pick
     x = jnp.asarray(random_array(rng, x_shape, dtype))
     ws = jnp.asarray(random_array(rng, ws_shape, dtype))
 
-    def operands(x, ws):
-        a = x[-1] if "a" in pick else x
-        b = ws[-1] if "b" in pick else ws
-        return a, (jnp.swapaxes(b, -1, -2) if transpose_b else b)
+    def product(a, b):  # b transposed by the lowering's fold, read as stored either way
+        return jax_tiled.matmul(a, jnp.swapaxes(b, -1, -2) if transpose_b else b, kernel="wgmma")
 
     def f(x, ws):
-        return jax_tiled.matmul(*operands(x, ws), kernel="wgmma")
+        return product(x[-1] if "a" in pick else x, ws[-1] if "b" in pick else ws)
 
     assert stacked_calls(lowered(f, x, ws, platform="cuda")) == 1
-    a, b = (jnp.array(np.asarray(v)) for v in operands(x, ws))
-    copied = jax_tiled.matmul(a, b, kernel="wgmma")
+    a = jnp.array(np.asarray(x)[-1] if "a" in pick else np.asarray(x))
+    b = jnp.array(np.asarray(ws)[-1] if "b" in pick else np.asarray(ws))
+    copied = jax.jit(product)(a, b)
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(x, ws)), np.asarray(copied))
-    assert_matmul_close(copied, np.asarray(a), np.asarray(b), platform="cuda")
+    b_np = np.swapaxes(np.asarray(b), -1, -2) if transpose_b else np.asarray(b)
+    assert_matmul_close(copied, np.asarray(a), b_np, platform="cuda")
 
 
 def test_other_slices_are_left_to_xla(platform, rng):
@@ -253,17 +253,17 @@ def test_a_sharded_stack_is_left_to_the_partitioner(rng):
 @pytest.mark.skipif(not _ffi.cuda_module_built(), reason="the CUDA module is not built")
 def test_the_cuda_lowering_folds_for_the_kernels_that_read_stacks():
     """Checked without a GPU (planned for an H100 where none is visible): a
-    small product, which auto runs on mma, takes the stack; a large one, on
-    wgmma, is left to XLA's copy; forced kernels follow the table; with a
-    symbolic M (jax.export) auto's choice is unknown and the slice is left
-    to XLA."""
+    small product, which auto runs on mma, and a large one, on wgmma, take
+    the stack; forced kernels follow the table; with a symbolic M
+    (jax.export) auto's choice is unknown and the slice is left to XLA."""
     (symbolic_m,) = jax.export.symbolic_shape("m")
     small = (64, (4, 128, 64))
     large = (4096, (2, 4096, 4096))
     cases = [
         (small, "auto", 1),
-        (large, "auto", 0),
+        (large, "auto", 1),
         (large, "mma", 1),
+        (large, "wgmma", 1),
         (small, "warptile", 0),
         ((symbolic_m, (4, 128, 64)), "auto", 0),
     ]
