@@ -321,7 +321,7 @@ def _padded_slicers(a, b, dims, factor, padded, stack_rows=None):
             return x, None
         x = _pad_to(x, dim, padded)
         stack = _as_stack(x, dim, stack_rows) if stack_rows else None
-        if stack is not None:
+        if stack is not None:  # every slice asked for is one of the stack's (size stack_rows)
             return x, lambda start, size: (stack, jnp.asarray(start // stack_rows, jnp.int32))
         return x, lambda start, size: (lax.dynamic_slice_in_dim(x, start, size, axis=dim), None)
 
