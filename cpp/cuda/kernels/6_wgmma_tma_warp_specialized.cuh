@@ -261,7 +261,6 @@ struct WgmmaStages {
   }
 };
 
-// A walk around the ring of stages: the stage, and the parity of the pass.
 // The operands given as slices of stacks (stack_slice.h; an unstacked
 // operand's index is null), swapped with the operands where the kernel
 // computes C^T (ArrangeWgmma).
@@ -275,6 +274,7 @@ __device__ __forceinline__ int FirstBatchOf(const StackSlice& stack, int64_t bat
   return static_cast<int>(stack.Chosen() * (batch_stride ? batch : 1));
 }
 
+// A walk around the ring of stages: the stage, and the parity of the pass.
 template <int kStages>
 struct StageCursor {
   int stage = 0;
