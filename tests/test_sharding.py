@@ -391,6 +391,53 @@ def test_k_ring_pieces(rng, chunks, out_spec):
         assert ring_steps(f, a, b) == 3 * chunks * (2 if replicated else 1)
 
 
+# A tiled_matmul FFI call in compiled HLO: its operands' shapes (the layout
+# constraints list them, in order).
+_FFI_OPERANDS = re.compile(
+    r'custom_call_target="tiled_matmul\w*", operand_layout_constraints=\{(.*?)\}, '
+)
+
+
+@pytest.mark.parametrize("k_ring", ["sums", "collectives"])
+@pytest.mark.parametrize(
+    "a_shape,a_spec,b_shape,b_spec,stacked",
+    [
+        ((64, 32), P(None, "x"), (32, 48), P("x"), True),  # a (m, k): rows contiguous
+        ((32, 64), P("x"), (32, 48), P("x"), False),  # a stored (k, m): rows strided
+        ((2, 64, 32), P(None, None, "x"), (2, 32, 48), P(None, "x"), False),  # batches of rows
+    ],
+    ids=["rows", "a transposed", "batched"],
+)
+def test_k_rings_hand_contiguous_rows_as_stacks(
+    rng, k_ring, a_shape, a_spec, b_shape, b_spec, stacked
+):
+    """Where each ring step's rows of a are contiguous (a stored (m, k), no
+    batch) and every slice is whole, the K rings give the kernel the operand
+    as a stack and the slice's index (`_rings._as_stack`), and the program
+    slices nothing for it; else XLA's slices, as before. Four CPU devices;
+    the sums ring's result reduce-scattered along M, the collectives' all
+    reduced (their pieces cut the longer of M and N, here M; reduce-scattered
+    along M they cut N, strided in b (k, n)); right either way."""
+    mesh = make_mesh("cpu", (4,), ("x",))
+    a_np, a = put(rng, mesh, a_shape, a_spec)
+    b_np, b = put(rng, mesh, b_shape, b_spec)
+    transposed = a_shape[-2] == 32 and a_spec == P("x")
+    operand = (lambda x: jnp.swapaxes(x, -1, -2)) if transposed else (lambda x: x)
+    out_spec = P(*[None] * (len(a_shape) - 2), "x") if k_ring == "sums" else P()
+    with jax_tiled.overlap.settings(k_ring=k_ring):
+        f = jax.jit(lambda a, b: tiled(operand(a), b), out_shardings=NamedSharding(mesh, out_spec))
+        text = f.lower(a, b).compile().as_text()
+        ranks = [  # each call's largest operand rank: 4 for a stack
+            max(len(dims.split(",")) for dims in re.findall(r"\[([\d,]+)\]", operands))
+            for operands in _FFI_OPERANDS.findall(text)
+        ]
+        assert ranks and all((rank == 4) == stacked for rank in ranks), (ranks, k_ring)
+        if stacked:
+            assert "dynamic-slice" not in text and " slice(" not in text, k_ring
+        a_full = np.swapaxes(a_np, -1, -2) if transposed else a_np
+        assert_matmul_close(f(a, b), a_full, b_np, precision="highest")
+
+
 # What each K ring other than the sums moves the sums (or operands) with.
 MOVED_BY = {"operands": {RING}, "collectives": {"reduce-scatter", "all-reduce"}}
 
