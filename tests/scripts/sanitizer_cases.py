@@ -146,15 +146,12 @@ def run_stacked(kernel: str, rng) -> int:
     for (x_shape, ws_shape, pick), dtype in itertools.product(STACKED, (jnp.bfloat16, np.float32)):
         x = rng.standard_normal(x_shape).astype(dtype)
         ws = rng.standard_normal(ws_shape).astype(dtype)
-        a = x[-1] if "a" in pick else x
-        b = ws[-1] if "b" in pick else ws
 
-        def f(x, ws, pick=pick):
-            return jax_tiled.matmul(
-                x[-1] if "a" in pick else x, ws[-1] if "b" in pick else ws, kernel=kernel
-            )
+        def operands(x, ws, pick=pick):  # the last slice of each stacked operand
+            return (x[-1] if "a" in pick else x), (ws[-1] if "b" in pick else ws)
 
-        out = jax.jit(f)(x, ws)
+        a, b = operands(x, ws)
+        out = jax.jit(lambda x, ws: jax_tiled.matmul(*operands(x, ws), kernel=kernel))(x, ws)
         ref = a.astype(np.float64) @ b.astype(np.float64)
         tol = 2e-2 if np.dtype(dtype).itemsize == 2 else 5e-3
         np.testing.assert_allclose(
