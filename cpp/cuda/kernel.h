@@ -121,6 +121,9 @@ struct LaunchPlan {
   // tiles say too little (kernel 0: 1 x 1, no shared tiles). Static text: the
   // launch path builds no strings.
   const char* instead_of_tiles = nullptr;
+  // Describe's words after the tiles on why they are this wide, where a
+  // planner weighed widths (static text, as above).
+  const char* why_this_width = nullptr;
 
   // Whether a configuration with plan `cfg` runs this plan (a split-K
   // configuration runs any split count).

@@ -149,6 +149,7 @@ std::string LaunchPlan::Describe() const {
   std::string text =
       instead_of_tiles ? std::string(instead_of_tiles) : Square(block_m, block_n) + " tiles";
   if (runtime_width.Chosen()) text += ", " + WhyThisWidth(block_m, runtime_width);
+  if (why_this_width) text += std::string(", ") + why_this_width;
   if (stages) text += ", " + std::to_string(stages) + " stages";
   if (cluster_m > 1) text += ", clusters of " + std::to_string(cluster_m) + " blocks sharing B";
   if (split_k > 1 && split_groups > 1)

@@ -42,8 +42,12 @@ SHAPES = [
     (40, 72, 11400),
 ]
 LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132 SMs twice
-# 9 x 17 tiles of 128 x 256: more than one tile per SM for the persistent wgmma grid.
+# More than one tile per SM for the persistent wgmma grid, on 132 SMs: 5 x 22
+# pairs of 128 x 192 tiles (2 waves of 66 clusters, as 128 x 256 tiles' 5 x 17
+# would take: WgmmaEndsSooner), the last column 72 wide; and 9 x 12 pairs of
+# 128 x 256 tiles (2 waves, where 128 x 192 tiles would take 3).
 LARGE_SIXTEEN_BIT_SHAPE = (1032, 72, 4104)
+LARGE_SIXTEEN_BIT_256_SHAPE = (2200, 72, 3000)
 # Two 128 x 128 tiles over a deep K: the Hopper kernel splits K across several
 # clusters a tile, whose partial sums meet in scratch (a second kernel adds them).
 DEEP_SHAPE = (136, 40000, 72)
@@ -82,6 +86,8 @@ def run_kernel(kernel: str) -> None:
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, jnp.bfloat16),
         # 16-bit inputs into float32: the Hopper kernel's wider staged output.
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, np.float32),
+        (LARGE_SIXTEEN_BIT_256_SHAPE, jnp.bfloat16, jnp.bfloat16),
+        (LARGE_SIXTEEN_BIT_256_SHAPE, jnp.bfloat16, np.float32),
         (DEEP_SHAPE, np.float32, np.float32),
         (DEEP_SHAPE, jnp.bfloat16, jnp.bfloat16),
         (WIDE_SHAPE, jnp.bfloat16, jnp.bfloat16),

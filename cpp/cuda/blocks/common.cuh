@@ -55,28 +55,38 @@ inline dim3 OutputTileGrid(const MatmulDims& dims, int64_t block_m, int64_t bloc
 // and within a matrix, bands of kBandRows tile rows walked column by column,
 // so the blocks resident at one time share a few rows of A and columns of B.
 // A 1-D grid strides over the sequence, so no size hits a grid limit.
-template <int kBlockM, int kBlockN, int kBandRows = 8>
+// Index: the integer the tiles are counted in. 32 bits where the caller has
+// checked that the count fits (PersistentTileScheduler): a 64-bit division by
+// a tile width that is not a power of two (192) is a subroutine whose
+// registers made the 40-register producer warpgroup spill.
+template <int kBlockM, int kBlockN, class Index = int64_t, int kBandRows = 8>
 struct TileOrder {
-  int64_t tiles_m, tiles_n, count;
+  Index tiles_m, tiles_n, count;
 
   __host__ __device__ explicit TileOrder(const MatmulDims& d)
-      : tiles_m((d.m + kBlockM - 1) / kBlockM),
-        tiles_n((d.n + kBlockN - 1) / kBlockN),
-        count(d.batch * tiles_m * tiles_n) {}
+      : tiles_m(TilesAlong(d.m, kBlockM)),
+        tiles_n(TilesAlong(d.n, kBlockN)),
+        count(static_cast<Index>(d.batch) * tiles_m * tiles_n) {}
 
   dim3 Grid() const { return dim3(static_cast<unsigned>(std::min<int64_t>(count, 0x7fffffff))); }
 
   // The batch and the first row and column of tile `t`.
-  __device__ __forceinline__ void Locate(int64_t t, int64_t& batch, int64_t& row0,
-                                         int64_t& col0) const {
-    const int64_t per_matrix = tiles_m * tiles_n;
+  __device__ __forceinline__ void Locate(Index t, Index& batch, Index& row0, Index& col0) const {
+    const Index per_matrix = tiles_m * tiles_n;
     batch = t / per_matrix;
     t -= batch * per_matrix;
-    const int64_t band = t / (kBandRows * tiles_n), first_row = band * kBandRows;
-    const int64_t rows = min(tiles_m - first_row, int64_t{kBandRows});
+    const Index band = t / (kBandRows * tiles_n), first_row = band * kBandRows;
+    const Index rows = min(tiles_m - first_row, Index{kBandRows});
     t -= band * kBandRows * tiles_n;
     row0 = (first_row + t % rows) * kBlockM;
     col0 = t / rows * kBlockN;
+  }
+
+ private:
+  // ceil(extent / block) in Index, without the overflow of extent + block - 1.
+  __host__ __device__ static Index TilesAlong(int64_t extent, int block) {
+    const Index e = static_cast<Index>(extent);
+    return e / block + (e % block != 0);
   }
 };
 

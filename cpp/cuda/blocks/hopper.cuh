@@ -362,11 +362,12 @@ struct SwizzledTile {
   }
 
   // The tensor map's box rows when kParts blocks share the tile, each
-  // copying one part: a K-major tile splits along x, an MN-major one into
-  // whole boxes.
+  // copying one part: a K-major tile splits along x into whole 8-row swizzle
+  // periods, an MN-major one into runs of whole boxes (LoadPart).
   template <int kParts = 1>
   static constexpr int BoxRows() {
-    static_assert(kXExtent % (64 * kParts) == 0, "the parts are whole 64-row groups");
+    static_assert(kMnMajor ? kBoxes >= kParts : kXExtent % (8 * kParts) == 0,
+                  "the parts are whole boxes, or whole swizzle periods");
     return kMnMajor ? kElements : kXExtent / kParts;
   }
 
@@ -380,25 +381,27 @@ struct SwizzledTile {
   // Copies part `part` of kParts of the tile at (x0, k0) into every block of
   // `cta_mask` (kParts > 1), where it lands at the same offset of `tile`
   // and is counted on the barrier at the same offset as `bar`; the map was
-  // encoded with BoxRows<kParts>().
+  // encoded with BoxRows<kParts>(). MN-major, part p takes boxes
+  // [p kBoxes / kParts, (p + 1) kBoxes / kParts): halves of a 256-wide tile's
+  // four, one and two of a 192-wide tile's three.
   template <int kParts>
   __device__ __forceinline__ static void LoadPart(uint8_t* tile, const CUtensorMap* map,
                                                   uint64_t* bar, int64_t x0, int64_t k0,
                                                   int64_t batch, int part, uint16_t cta_mask) {
-    constexpr int kRows = kXExtent / kParts;  // along x, per part
-    const int x_part = static_cast<int>(x0) + part * kRows, k = static_cast<int>(k0);
-    uint8_t* const dst = tile + part * kRows * kSwizzleBytes;  // either way: rows x 128 bytes
+    const int x = static_cast<int>(x0), k = static_cast<int>(k0);
     auto load = [&](uint8_t* to, int c0, int c1) {
       if constexpr (kParts > 1)
         LoadBoxMulticast(to, map, bar, c0, c1, static_cast<int>(batch), cta_mask);
       else LoadBox(to, map, bar, c0, c1, static_cast<int>(batch));
     };
     if constexpr (kMnMajor) {
+      const int first = part * kBoxes / kParts, boxes = (part + 1) * kBoxes / kParts - first;
 #pragma unroll
-      for (int box = 0; box < kRows / kElements; ++box)
-        load(dst + box * kBoxBytes, x_part + box * kElements, k);
+      for (int i = 0; i < (kBoxes + kParts - 1) / kParts; ++i)
+        if (i < boxes) load(tile + (first + i) * kBoxBytes, x + (first + i) * kElements, k);
     } else {
-      load(dst, k, x_part);
+      constexpr int kRows = kXExtent / kParts;  // along x, per part
+      load(tile + part * kRows * kSwizzleBytes, k, x + part * kRows);
     }
   }
 };
@@ -460,6 +463,11 @@ __device__ __forceinline__ void GrowRegisters() {
   ", %32, %33, "                                                                     \
   "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
   "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define JAX_TILED_ACC_OPERANDS_96                                                    \
+  JAX_TILED_ACC_OPERANDS_64                                                          \
+  ", "                                                                               \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define JAX_TILED_ACC_OPERANDS_128                                                   \
   JAX_TILED_ACC_OPERANDS_64                                                          \
   ", "                                                                               \
@@ -481,6 +489,11 @@ __device__ __forceinline__ void GrowRegisters() {
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                              \
   "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_64 \
   "}, %64, %65, accumulate, 1, 1, %67, %68;\n}\n"
+
+#define JAX_TILED_WGMMA_N192(type)                                                            \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %98, 0;\n"                              \
+  "wgmma.mma_async.sync.aligned.m64n192k16.f32." type "." type " {" JAX_TILED_ACC_OPERANDS_96 \
+  "}, %96, %97, accumulate, 1, 1, %99, %100;\n}\n"
 
 #define JAX_TILED_WGMMA_N256(type)                                                             \
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                              \
@@ -527,6 +540,14 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
     asm volatile(JAX_TILED_WGMMA_N256("f16")
                  : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
                  : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else if constexpr (kN == 192 && kBf16) {
+    asm volatile(JAX_TILED_WGMMA_N192("bf16")
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC32(d, 64)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
+  } else if constexpr (kN == 192) {
+    asm volatile(JAX_TILED_WGMMA_N192("f16")
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC32(d, 64)
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
   } else if constexpr (kN == 128 && kBf16) {
     asm volatile(JAX_TILED_WGMMA_N128("bf16")
                  : JAX_TILED_ACC64(d, 0)
@@ -540,7 +561,7 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
                  : JAX_TILED_ACC32(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
   } else {
-    static_assert(kN == 64, "wgmma tiles here are 64, 128 or 256 wide");
+    static_assert(kN == 64, "16-bit wgmma tiles here are 64, 128, 192 or 256 wide");
     asm volatile(JAX_TILED_WGMMA_N64("f16")
                  : JAX_TILED_ACC32(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate), "n"(int{kTransA}), "n"(int{kTransB}));
@@ -589,9 +610,11 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
 #undef JAX_TILED_ACC32
 #undef JAX_TILED_ACC8
 #undef JAX_TILED_WGMMA_N256
+#undef JAX_TILED_WGMMA_N192
 #undef JAX_TILED_WGMMA_N128
 #undef JAX_TILED_WGMMA_N64
 #undef JAX_TILED_ACC_OPERANDS_128
+#undef JAX_TILED_ACC_OPERANDS_96
 #undef JAX_TILED_ACC_OPERANDS_64
 #undef JAX_TILED_ACC_OPERANDS_32
 

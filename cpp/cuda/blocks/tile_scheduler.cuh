@@ -29,12 +29,13 @@ struct WorkUnit {
 // block of rank r its r-th kBlockM rows, so the blocks of a cluster share
 // their B tiles (the copy engine's multicast reads each once for all).
 // Its one register is the next tile; the rest is derived from the kernel's
-// parameters (dims), which cost none.
+// parameters (dims), which cost none. Tiles are counted in 32 bits, as the
+// copy engine's coordinates are (Fits: the launcher refuses more).
 template <int kBlockM, int kBlockN, int kClusterM, int kSlabDepth>
 struct PersistentTileScheduler {
-  using Order = TileOrder<kBlockM * kClusterM, kBlockN>;
+  using Order = TileOrder<kBlockM * kClusterM, kBlockN, int>;
   static constexpr bool kOneUnitABlock = false;
-  int64_t next;
+  int next;
 
   __device__ __forceinline__ PersistentTileScheduler() : next(blockIdx.x / kClusterM) {}
 
@@ -45,16 +46,22 @@ struct PersistentTileScheduler {
   __device__ __forceinline__ bool Next(const MatmulDims& dims, WorkUnit& unit) {
     const Order order(dims);
     if (next >= order.count) return false;
-    int64_t batch, row0, col0;
+    int batch, row0, col0;
     order.Locate(next, batch, row0, col0);
-    unit = {static_cast<int>(batch), static_cast<int>(row0) + Rank() * kBlockM,
-            static_cast<int>(col0), 0, static_cast<int>((dims.k + kSlabDepth - 1) / kSlabDepth)};
+    unit = {batch, row0 + Rank() * kBlockM, col0, 0,
+            static_cast<int>((dims.k + kSlabDepth - 1) / kSlabDepth)};
     next += gridDim.x / kClusterM;
     return true;
   }
 
   // The tiles (clusters of tiles) the grid walks.
-  static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
+  static int64_t Units(const MatmulDims& dims) {
+    return TileOrder<kBlockM * kClusterM, kBlockN>(dims).count;
+  }
+  // Whether they can be counted in 32 bits, with room for `next` to step
+  // past the last: any product whose output fits a GPU's memory, a tile
+  // holding at least one of its elements.
+  static bool Fits(const MatmulDims& dims) { return Units(dims) <= int64_t{INT32_MAX} / 2; }
 };
 
 // Split K: each output tile is split among `groups` clusters (consecutive in
@@ -98,6 +105,7 @@ struct SplitKTileScheduler {
 
   // The tiles; the grid has `groups` clusters of blocks for each.
   static int64_t Units(const MatmulDims& dims) { return Order(dims).count; }
+  static bool Fits(const MatmulDims&) { return true; }  // counted in 64 bits
 };
 
 }  // namespace jax_tiled::cuda

@@ -98,6 +98,10 @@ struct WgmmaConfig {
 // 128 x 128 tiles, 4 stages of 48 KB.
 using WgmmaWide = WgmmaConfig<256, 4, 2>;
 using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
+// 128 x 192 tiles, 4 stages of 40 KB, for 16-bit inputs in pairs sharing B,
+// where their waves end before the 128 x 256 tiles' (WgmmaEndsSooner). As
+// the 256-wide tiles, no room for blocked sums: one running sum.
+using WgmmaWide192 = WgmmaConfig<192, 4, 2>;
 using WgmmaNarrow = WgmmaConfig<128, 6>;
 // 128 x 64 tiles, 8 stages of 24 KB, for outputs 64 or fewer columns wide
 // (the small M of a swapped TF32 product lands there), where wider tiles
@@ -668,7 +672,10 @@ struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
   static constexpr int kBuffers = kSteps > 1 ? 2 : 1;
   static constexpr int kSharedBytes = Cfg::kConsumers * kBuffers * kBufferBytes;
   static_assert(!kTransposed || std::is_same_v<Out, float>, "see WgmmaEpilogue");
-  static_assert(kSteps % kBuffers == 0, "every unit starts on buffer 0");
+  // Every unit starts on buffer 0. Where the steps are odd (16-bit C of
+  // 192-wide tiles: three), the last unit's last step wrote buffer 0 too, so
+  // a unit's first step waits for every store, not all but the last.
+  static constexpr bool kStepsPairUp = kSteps % kBuffers == 0;
 
   __device__ __forceinline__ static void Join() {}
 
@@ -685,7 +692,10 @@ struct WgmmaTmaStoreEpilogue : EpilogueInOneKernel {
     for (int step = 0; step < kSteps; ++step) {
       const uint32_t buffer = buffers + step % kBuffers * kBufferBytes;
       // The store that last read this buffer is done with it.
-      if (Issues()) hopper::WaitStoresRead<kBuffers - 1>();
+      if (Issues()) {
+        if (step == 0 && !kStepsPairUp) hopper::WaitStoresRead<0>();
+        else hopper::WaitStoresRead<kBuffers - 1>();
+      }
       hopper::NamedBarrierSync(1 + group, 128);
       Stage(consumer, step, buffer);
       hopper::FenceProxyAsync();  // this thread's writes, before the copy engine reads them
@@ -1103,6 +1113,25 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return WgmmaTilesFill(d, 256, multiprocessors);
 }
 
+// The waves a persistent grid of pairs sharing B takes over 128 x `width`
+// tiles: a grid's time is its waves', the last as long as a whole one
+// however few its tiles.
+inline int64_t WgmmaWaves(const MatmulDims& d, int width, int multiprocessors) {
+  const int64_t pairs = d.batch * ((d.m + 255) / 256) * ((d.n + width - 1) / width);
+  const int64_t clusters = std::max(multiprocessors / 2, 1);
+  return (pairs + clusters - 1) / clusters;
+}
+
+// Whether 128 x 192 tiles (WgmmaWide192) end sooner than 128 x 256 ones:
+// fewer waves times the width, a wave's time in proportion to its tiles'
+// width. Measured on the H100 (NOTES.md, "128 x 192 tiles by waves"): a
+// 192-wide tile takes 0.79 of a 256-wide one's time, so the model holds where
+// the 256-wide tiles' last wave is mostly empty (3072^3 21% faster); ties go
+// to 256, which reads fewer operand bytes through L2 per unit of work.
+inline bool WgmmaEndsSooner(const MatmulDims& d, int multiprocessors) {
+  return 192 * WgmmaWaves(d, 192, multiprocessors) < 256 * WgmmaWaves(d, 256, multiprocessors);
+}
+
 // 128 x 64 tiles for outputs at most 64 columns wide, whole or with K split.
 inline bool WgmmaOutputIsSkinny(const MatmulDims& d) { return d.n <= WgmmaSkinny::kBlockN; }
 
@@ -1215,7 +1244,8 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   using Tiles = WgmmaTiles<Cfg, Ops>;
   const MatmulDims& dims = w.dims;
   CUtensorMap a_map, b_map;
-  if (!WgmmaStackFits(w.stacks.a, dims.a_batch_stride, dims.batch) ||
+  if (!WgmmaScheduler<Cfg, Ops>::Fits(dims) ||
+      !WgmmaStackFits(w.stacks.a, dims.a_batch_stride, dims.batch) ||
       !WgmmaStackFits(w.stacks.b, dims.b_batch_stride, dims.batch))
     return cudaErrorInvalidValue;
   if (cudaError_t err = hopper::EncodeOperand<In>(
@@ -1301,7 +1331,8 @@ inline constexpr Takes kWgmmaTakes = [] {
 // below), else WgmmaRewritingB; WgmmaRewritingB too for TF32 with both
 // operands stored MN-major; else, for outputs 64 or fewer columns wide,
 // 128 x 64 tiles, with K split where they would leave most SMs idle; else
-// wide tiles in pairs sharing B where they fill the GPU, else 128 x 128
+// wide tiles in pairs sharing B where they fill the GPU (16-bit inputs: 128 x
+// 192 where their waves end sooner, else 128 x 256), else 128 x 128
 // tiles with K split where the tiles alone would leave most SMs idle, else
 // 128 x 128 tiles. Swapped (C^T = B^T A^T, WgmmaSwapsAB) for TF32 with B
 // stored MN-major and A not, and for 16-bit inputs with a few rows, whose
@@ -1348,8 +1379,15 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
   // room: one running sum over K x terms there had up to 14x jnp's error
   // (NOTES.md, "BF16_BF16_F32_X3: chunk groups, not the wide tiles").
   const bool laid = p.laid_terms > 1;
-  if (!laid && WgmmaUsesWideTiles(arranged, multiprocessors))
-    return p.in_type == Dtype::kF32 ? plan(WgmmaWideTf32{}) : plan(WgmmaWide{});
+  if (!laid && WgmmaUsesWideTiles(arranged, multiprocessors)) {
+    if (p.in_type == Dtype::kF32) return plan(WgmmaWideTf32{});
+    if (!WgmmaEndsSooner(arranged, multiprocessors)) return plan(WgmmaWide{});
+    LaunchPlan narrower = plan(WgmmaWide192{});
+    narrower.why_this_width =
+        "192 wide where their waves over the SMs end before 128 x 256 tiles' (a persistent "
+        "grid's last wave takes a whole one's time, however few its tiles)";
+    return narrower;
+  }
   const bool sixteen_bit_result =
       p.in_type != Dtype::kF32 && (DtypeBits(p.out_type) & kSixteenBit) != 0;
   if (!laid && WgmmaSplitsWide(arranged, sixteen_bit_result, multiprocessors, slab_depth, held))
@@ -1393,14 +1431,15 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     auto launch = [&](auto cfg) {
       return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
     };
-    // WgmmaSplitKWide only where PlanWgmma may choose it: 16-bit in and out.
+    // WgmmaSplitKWide only where PlanWgmma may choose it: 16-bit in and out;
+    // WgmmaWide192 for 16-bit inputs only.
     if constexpr (!kTf32 && sizeof(Out) == 2)
-      return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny,
-                        WgmmaSplitKWide>(plan, launch);
+      return WithConfig<Wide, WgmmaWide192, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK,
+                        WgmmaSplitKSkinny, WgmmaSplitKWide>(plan, launch);
     // The laid parts' chunk groups only where PlanWgmma may choose them: 16-bit into float32.
     else if constexpr (!kTf32 && std::is_same_v<Out, float>)
-      return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny,
-                        WgmmaNarrowLaidX3, WgmmaSplitKLaidX3>(plan, launch);
+      return WithConfig<Wide, WgmmaWide192, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK,
+                        WgmmaSplitKSkinny, WgmmaNarrowLaidX3, WgmmaSplitKLaidX3>(plan, launch);
     else
       return WithConfig<Wide, WgmmaNarrow, WgmmaSkinny, WgmmaSplitK, WgmmaSplitKSkinny>(plan,
                                                                                         launch);
