@@ -274,23 +274,29 @@ def highest_plan(kernel, shape, dtype=F32, out_dtype=None, multiprocessors=None)
     )
 
 
-def assert_special_values_across_k(rng, m, n, k, kernel="auto"):
+def assert_special_values_across_k(
+    rng, m, n, k, kernel="auto", dtype=F32, precision=HIGHEST, out_dtype=None
+):
     """inf at the end of row 0's K, NaN at the start of row 1's, inf - inf
-    across row 2's (so across the parts where K is cut): the product at
-    HIGHEST carries them as true arithmetic does, and the other rows are
-    close to float64's."""
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    across row 2's (so across the parts where K is cut): the product (at
+    HIGHEST, or `precision`, of `dtype` operands into `out_dtype`) carries
+    them as true arithmetic does, and the other rows are close to float64's."""
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
     a[0, k - 1] = np.inf
     a[1, 0] = np.nan
     a[2, k - 1], a[2, 0] = np.inf, -np.inf
     with np.errstate(invalid="ignore"):
         want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(jax_tiled.matmul(a, b, precision=HIGHEST, kernel=kernel), np.float64)
+    got = jax_tiled.matmul(
+        a, b, precision=precision, kernel=kernel, preferred_element_type=out_dtype
+    )
+    got = np.asarray(got, np.float64)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     infinite = np.isinf(want)
     np.testing.assert_array_equal(got[infinite], want[infinite])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", precision=HIGHEST)
+    rest = got[3:].astype(np.dtype(out_dtype or dtype))
+    assert_matmul_close(rest, a[3:], b, platform="cuda", precision=precision, out_dtype=out_dtype)
 
 
 def errors_beside_jnp(a, b, precision=HIGHEST) -> dict:

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import LAYOUTS, assert_matmul_close, bind_product, load_repository_module, operands
+from helpers import (
+    LAYOUTS,
+    assert_matmul_close,
+    assert_special_values_across_k,
+    bind_product,
+    load_repository_module,
+    operands,
+)
 from jax_tiled import _ffi
 
 S = jax.ShapeDtypeStruct
@@ -124,19 +131,11 @@ def test_special_values_reach_the_result(rng):
     """inf at the end of row 0's K, NaN at the start of row 1's, inf - inf
     across row 2's, in the last column of tiles too."""
     batch, m, n, k = SHAPES_192[0]
-    a = rng.standard_normal((m, k)).astype(jnp.bfloat16)
-    b = rng.standard_normal((k, n)).astype(jnp.bfloat16)
-    a[0, k - 1] = np.inf
-    a[1, 0] = np.nan
-    a[2, k - 1], a[2, 0] = np.inf, -np.inf
-    require_192(a, b, preferred_element_type=jnp.float32)
-    with np.errstate(invalid="ignore"):
-        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(jax_tiled.matmul(a, b, preferred_element_type=jnp.float32), np.float64)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    infinite = np.isinf(want)
-    np.testing.assert_array_equal(got[infinite], want[infinite])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", out_dtype=np.float32)
+    operand = lambda *shape: S(shape, jnp.bfloat16)
+    require_192(operand(m, k), operand(k, n), preferred_element_type=jnp.float32)
+    assert_special_values_across_k(
+        rng, m, n, k, dtype=jnp.bfloat16, precision="default", out_dtype=np.float32
+    )
 
 
 @pytest.mark.gpu
