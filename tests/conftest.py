@@ -79,8 +79,11 @@ def pytest_runtest_logreport(report):
     """With JAX_TILED_TEST_TIMES=PATH, each test's call time is appended to PATH
     as it ends ("seconds<TAB>outcome<TAB>test"; under pytest-xdist, by the
     controller), so a GPU run cut short by its time limit still says where its
-    time went (tools/device_check.sh sets it)."""
+    time went and which tests it did not finish (tools/device_check.sh sets
+    it; tools/test_shards.py --unfinished). A test skipped or failed in its
+    setup ends there: its setup's line."""
     in_worker = "PYTEST_XDIST_WORKER" in os.environ  # its controller writes the line
-    if TEST_TIMES and report.when == "call" and not in_worker:
+    ended = report.when == "call" or (report.when == "setup" and report.outcome != "passed")
+    if TEST_TIMES and ended and not in_worker:
         with open(TEST_TIMES, "a") as times:
             times.write(f"{report.duration:.3f}\t{report.outcome}\t{report.nodeid}\n")

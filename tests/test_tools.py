@@ -461,10 +461,11 @@ def test_multi_gpu_check_installs_once_then_runs_the_steps_a_gpu_each(tmp_path):
     assert failed.returncode == 1 and "== sanitize: ok" in failed.stdout, failed
 
 
-def device_check_with_stand_ins(tmp_path):
+def device_check_with_stand_ins(tmp_path, pytest_stand_in=None):
     """Runs tools/device_check.sh on the installed build (SKIP_BUILD=1) with
     stand-ins for nvidia-smi (GPUS of them) and python3, which logs to
-    calls.log the pytest runs it was asked for (their GPU and paths) and the
+    calls.log the pytest runs it was asked for (their GPU and paths; or
+    whatever `pytest_stand_in`, bash given calls.log as $calls, does) and the
     arguments of tools/scaling.py, one a line; it returns (the process, the
     lines logged)."""
     root = Path(__file__).resolve().parent.parent
@@ -477,9 +478,13 @@ def device_check_with_stand_ins(tmp_path):
     (bin_dir / "python3").write_text(
         "#!/bin/bash\n"
         "if [[ $1 == -m && $2 == pytest ]]; then\n"
-        f'  echo "GPU=$CUDA_VISIBLE_DEVICES ${{*}}" >> {calls}\n'
-        '  echo "tests/test_x.py::t PASSED"; exit 0\n'
-        "fi\n"
+        f"  calls={calls}\n"
+        + (
+            pytest_stand_in
+            or '  echo "GPU=$CUDA_VISIBLE_DEVICES ${*}" >> $calls\n'
+            '  echo "tests/test_x.py::t PASSED"; exit 0\n'
+        )
+        + "fi\n"
         f'[[ $1 == */tools/scaling.py ]] && {{ printf "%s\\n" "${{@:2}}" >> {calls}; exit 0; }}\n'
         "[[ $1 == -c && $2 != *shlex* ]] && exit 0\n"
         f'exec {sys.executable} "$@"\n'
@@ -528,6 +533,35 @@ def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
         refused, logged = device_check(STEPS="tests", TEST_SHARD=shard, GPUS="1")
         assert refused.returncode == 1 and "needs two GPUs or more" in refused.stdout
         assert not logged
+
+
+def test_device_check_writes_a_cut_runs_unfinished_tests_and_runs_them(tmp_path):
+    """A pytest run cut by TEST_TIMEOUT (rc 124) after one of three tests:
+    the other two, ids with spaces among them, go to tests_unfinished.ids
+    (collected, less those test_times.tsv names), and TEST_IDS=that file runs
+    exactly those, each id one argument."""
+    collected = ["tests/test_x.py::t[a b]", "tests/test_x.py::u[c d]", "tests/test_y.py::v"]
+    stand_in = (
+        '  if [[ " $* " == *" --collect-only "* ]]; then\n'
+        + "".join(f'    echo "{test}"\n' for test in collected)
+        + '    echo; echo "3 tests collected"; exit 0\n'
+        "  fi\n"
+        '  printf "%s\\n" "${@:3}" >> $calls\n'
+        '  printf "0.1\\tpassed\\t%s\\n" "tests/test_x.py::t[a b]" >> $JAX_TILED_TEST_TIMES\n'
+        "  exit 124\n"
+    )
+    device_check = device_check_with_stand_ins(tmp_path, stand_in)
+    done, _ = device_check(STEPS="tests", TESTS="tests/test_x.py tests/test_y.py")
+    assert "cut short by TEST_TIMEOUT: 2 unfinished" in done.stdout, done.stdout + done.stderr
+    written = tmp_path / "out" / "tests_unfinished.ids"
+    assert written.read_text().splitlines() == collected[1:]
+    rerun = tmp_path / "rerun.txt"
+    rerun.write_text(written.read_text())
+    done, logged = device_check(STEPS="tests", TEST_IDS=str(rerun))
+    assert [a for a in logged if a.startswith("tests/")] == collected[1:], logged
+    (tmp_path / "empty.txt").write_text("\n")
+    done, logged = device_check(STEPS="tests", TEST_IDS=str(tmp_path / "empty.txt"))
+    assert done.returncode == 1 and "no test ids" in done.stdout and not logged
 
 
 def test_device_check_passes_layout_names_with_spaces_to_scaling(tmp_path):

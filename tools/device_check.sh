@@ -10,7 +10,7 @@
 #          (STEPS=scaling: tools/scaling.py, the arguments split as a shell would) \
 #          [ACCURACY_KERNELS="auto wgmma"] [ACCURACY_ARGS="--dtype bfloat16 --shapes ..."] \
 #          [SKIP_BUILD=1 | PREBUILT=prebuilt] \
-#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both|each] \
+#          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both|each | TEST_IDS=FILE] \
 #          [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
 #          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
 #          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
@@ -105,20 +105,31 @@ repo=$PWD
 # test's time goes to test_times<suffix>.tsv as it ends (tests/conftest.py),
 # and the slowest tests start first (JAX_TILED_SLOW_FIRST, tools/test_shards.py).
 # Workers share the GPU: each takes memory as it needs it, not 75% up front.
+# A run cut short by TEST_TIMEOUT writes the tests it did not finish to
+# tests<suffix>_unfinished.ids (tools/test_shards.py --unfinished), which a
+# later call runs alone with TEST_IDS (the file copied into the tree).
 run_tests() {
-  local suffix=$1
+  local suffix=$1 rc
   shift
   JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TILED_SLOW_FIRST=1 \
     JAX_TILED_TEST_TIMES="$OUT/test_times$suffix.tsv" timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
     "$@" >"$OUT/tests$suffix.log" 2>&1
+  rc=$?
+  if ((rc == 124)); then
+    python3 -m pytest --collect-only -q -p no:cacheprovider "$@" >"$OUT/collected$suffix.txt" 2>&1
+    python3 "$repo/tools/test_shards.py" --unfinished "$OUT/test_times$suffix.tsv" \
+      "$OUT/collected$suffix.txt" >"$OUT/tests${suffix}_unfinished.ids"
+  fi
+  return "$rc"
 }
 
 # The summary of the run of that suffix, which exited with `rc`.
 report_tests() {
   local suffix=$1 rc=$2 log="$OUT/tests$1.log"
   note "tests$suffix (JAX_TILED_REQUIRE_GPU=1): rc=$rc :: $(grep -cE ' PASSED ' "$log") passed, \
-$(grep -cE ' (FAILED|ERROR) ' "$log") failed or errors$( ((rc == 124)) && echo ', cut short by TEST_TIMEOUT')"
+$(grep -cE ' (FAILED|ERROR) ' "$log") failed or errors$( ((rc == 124)) && echo ", cut short by TEST_TIMEOUT: \
+$(grep -c . "$OUT/tests$1_unfinished.ids") unfinished, in tests$1_unfinished.ids (rerun: TEST_IDS=)")"
   grep -E ' (FAILED|ERROR) ' "$log" | grep -oE 'tests/[^ ]+' | sort -u | head -40
   echo "slowest tests (seconds; all in test_times$suffix.tsv, inside logs.tgz):"
   sort -rn "$OUT/test_times$suffix.tsv" 2>/dev/null | head -12
@@ -153,6 +164,9 @@ if [[ " $steps " == *" tests "* ]]; then
     test_paths=()
     if [[ -n "${TEST_SHARD:-}" ]]; then  # "i/n": shard i of n
       mapfile -t test_paths < <(shard_paths "$TEST_SHARD") && ((${#test_paths[@]})) || exit 1
+    elif [[ -n "${TEST_IDS:-}" ]]; then  # a file of test ids, one a line (a cut run's unfinished)
+      mapfile -t test_paths < <(grep . "$TEST_IDS") && ((${#test_paths[@]})) \
+        || { echo "TEST_IDS: no test ids in $TEST_IDS"; exit 1; }
     else
       for t in ${TESTS:-tests}; do test_paths+=("$repo/$t"); done
     fi
@@ -264,7 +278,8 @@ if [[ " $steps " == *" scaling "* ]]; then
 fi
 
 # The device tool brings back at most 8 files from $OUT: the logs travel as one
-# archive (tar xzf logs.tgz), the JSON rows and plots as they are.
+# archive (tar xzf logs.tgz), the JSON rows and plots and a cut run's
+# unfinished test ids (*.ids) as they are.
 (
   cd "$OUT" || exit
   shopt -s nullglob

@@ -21,7 +21,11 @@
 # day three quarters took about 245 s and the fourth was cut at 420 s by one
 # nvcc test that had started late, which now starts first (gpu_slow_tests.tsv);
 # the sanitizers and --accuracy took about 100 s after, so with TEST_TIMEOUT=300
-# the whole check should fit one call there (not yet run so). A machine of
+# the whole check should fit one call there. Run so on 2026-11-27 (235a637,
+# TEST_TIMEOUT=330): three shards finished, the second was cut with 6 of its
+# 268 tests unfinished (nvcc's ptxas checks, slow beside the other shards'
+# workers), and the whole call took 505 s: TEST_TIMEOUT=400 fits, and a cut
+# shard's unfinished tests run alone on a later call (TEST_IDS). A machine of
 # several GPUs costs its held time once, not once a GPU.
 # MODE=timing: the benchmark against BASELINE (default docs/perf), then, given
 # AB_BEFORE (a folder with the wheel of the build before) and AB_ARGS (the
@@ -30,8 +34,8 @@
 # beside ab_bench on the other GPU, small rows' samples spread over twice
 # their median (2026-11-26).
 # Each step logs under $OUT/<step>/; everything is packed into $OUT/all.tgz
-# (the device tool brings back at most 8 files), the JSON rows beside it; the
-# summaries are printed. The exit status is non-zero where a step failed (a
+# (the device tool brings back at most 8 files), the JSON rows and any
+# unfinished test ids beside it; the summaries are printed. The exit status is non-zero where a step failed (a
 # test, a sanitizer run, the --accuracy rows, a row that lost more than 3%
 # against the baseline, an A/B process).
 # DEVICE_CHECK names the script the steps run (a stand-in in the tests).
@@ -56,11 +60,12 @@ step() {
   ! grep -E '^== ' "$work/$name.txt" | grep -v 'planted race' | grep -qE 'rc=[1-9]'
 }
 
-# Everything under $work as one archive, the steps' JSON rows beside it
-# (ab_bench's, one a process, only in the archive: the device tool brings back
-# at most 8 files).
+# Everything under $work as one archive, the steps' JSON rows and a cut
+# shard's unfinished test ids (tests_<i>_unfinished.ids: rerun them with
+# TEST_IDS) beside it (ab_bench's JSON, one a process, only in the archive:
+# the device tool brings back at most 8 files).
 pack() {
-  find "$work" -name '*.json' -not -path '*/ab/*' -exec cp {} "$OUT/" \;
+  find "$work" \( -name '*.json' -o -name '*.ids' \) -not -path '*/ab/*' -exec cp {} "$OUT/" \;
   tar czf "$OUT/all.tgz" -C "$OUT" steps && rm -rf "$work"
 }
 trap pack EXIT

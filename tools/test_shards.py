@@ -2,6 +2,7 @@
 
     python3 tools/test_shards.py 1/2            # shard 1 of 2: its test files, one a line
     python3 tools/test_shards.py --write T.tsv ...  # both tables anew from runs' test_times.tsv
+    python3 tools/test_shards.py --unfinished T.tsv COLLECTED  # what a cut run did not finish
 
 tools/device_check.sh runs the suite in shards (TEST_SHARD=i/n), a device
 call each, each call at most 10 minutes. The files are dealt by their time on
@@ -20,6 +21,12 @@ started late. tests/gpu_slow_tests.tsv names the tests that took
 SLOW_SECONDS or more, the slowest first; with JAX_TILED_SLOW_FIRST=1
 (tools/device_check.sh sets it) tests/conftest.py collects them first, in
 that order, and the rest as before.
+
+A run cut short by its time limit (TEST_TIMEOUT) leaves tests unfinished;
+--unfinished prints them, the tests of COLLECTED (`pytest --collect-only -q`
+output) that no line of the run's test_times.tsv names, one id a line:
+tools/device_check.sh writes them to tests<suffix>_unfinished.ids, and
+TEST_IDS=that file (carried into the tree) runs just those on a later call.
 """
 
 from __future__ import annotations
@@ -74,6 +81,17 @@ def read_slow_tests(path: Path) -> list[str]:
     return [line.split("\t")[1] for line in lines if line.strip() and not line.startswith("#")]
 
 
+def unfinished(times: list[Path], collected: list[str]) -> list[str]:
+    """The test ids among `collected` lines (pytest --collect-only -q) that
+    no test_times.tsv line names, in collection order."""
+    ended = set()
+    for path in times:
+        for line in path.read_text().splitlines():
+            ended.add(line.split("\t", 2)[2])
+    ids = [line.rstrip("\n") for line in collected if "::" in line]
+    return [test for test in ids if test not in ended]
+
+
 def shards(files: list[str], seconds: dict[str, float], count: int) -> list[list[str]]:
     """`files` dealt into `count` shards by their seconds, heaviest first."""
     default = statistics.median(seconds.values()) if seconds else 1.0
@@ -91,7 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("shard", nargs="?", help="I/N: shard I (from 1) of N")
     p.add_argument("--write", nargs="+", type=Path, metavar="TIMES", help="test_times.tsv files")
+    p.add_argument(
+        "--unfinished",
+        nargs=2,
+        type=Path,
+        metavar=("TIMES", "COLLECTED"),
+        help="the collected tests a run's test_times.tsv does not name",
+    )
     args = p.parse_args(argv)
+    if args.unfinished:
+        times, collected = args.unfinished
+        tests = unfinished([times] if times.is_file() else [], collected.read_text().splitlines())
+        if tests:
+            print("\n".join(tests))
+        return 0
     if args.write:
         total = file_seconds(args.write)
         lines = ["# test file\tseconds on a GPU (tools/test_shards.py --write)"]
