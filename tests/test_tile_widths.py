@@ -164,8 +164,8 @@ def test_the_sanitizers_run_both_widths():
     cases = load_repository_module("tests/scripts/sanitizer_cases.py")
     widths = {}
     for m, k, n in (cases.LARGE_SIXTEEN_BIT_SHAPE, cases.LARGE_SIXTEEN_BIT_256_SHAPE):
-        widths[block_n(m, n, k)] = (m, k, n)
         plan = _ffi.cuda_plan("wgmma", jnp.bfloat16, jnp.bfloat16, (1, 1, m, n, k, False, False))
+        widths[plan.block_n] = (m, k, n)
         pairs = -(-m // 256) * -(-n // plan.block_n)
         assert pairs > plan.persistent_blocks // 2, (m, k, n, plan)
     assert set(widths) == {192, 256}, widths

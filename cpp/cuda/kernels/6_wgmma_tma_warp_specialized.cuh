@@ -1113,13 +1113,16 @@ inline bool WgmmaUsesWideTiles(const MatmulDims& d, int multiprocessors) {
   return WgmmaTilesFill(d, 256, multiprocessors);
 }
 
-// The waves a persistent grid of pairs sharing B takes over 128 x `width`
+// The waves a persistent grid of Cfg's clusters sharing B takes over its
 // tiles: a grid's time is its waves', the last as long as a whole one
 // however few its tiles.
-inline int64_t WgmmaWaves(const MatmulDims& d, int width, int multiprocessors) {
-  const int64_t pairs = d.batch * ((d.m + 255) / 256) * ((d.n + width - 1) / width);
-  const int64_t clusters = std::max(multiprocessors / 2, 1);
-  return (pairs + clusters - 1) / clusters;
+template <class Cfg>
+int64_t WgmmaWaves(const MatmulDims& d, int multiprocessors) {
+  constexpr int64_t kRows = Cfg::kBlockM * Cfg::kClusterM;
+  const int64_t tiles =
+      d.batch * ((d.m + kRows - 1) / kRows) * ((d.n + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  const int64_t clusters = std::max(multiprocessors / Cfg::kClusterM, 1);
+  return (tiles + clusters - 1) / clusters;
 }
 
 // Whether 128 x 192 tiles (WgmmaWide192) end sooner than 128 x 256 ones:
@@ -1129,7 +1132,8 @@ inline int64_t WgmmaWaves(const MatmulDims& d, int width, int multiprocessors) {
 // the 256-wide tiles' last wave is mostly empty (3072^3 21% faster); ties go
 // to 256, which reads fewer operand bytes through L2 per unit of work.
 inline bool WgmmaEndsSooner(const MatmulDims& d, int multiprocessors) {
-  return 192 * WgmmaWaves(d, 192, multiprocessors) < 256 * WgmmaWaves(d, 256, multiprocessors);
+  return WgmmaWide192::kBlockN * WgmmaWaves<WgmmaWide192>(d, multiprocessors) <
+         WgmmaWide::kBlockN * WgmmaWaves<WgmmaWide>(d, multiprocessors);
 }
 
 // 128 x 64 tiles for outputs at most 64 columns wide, whole or with K split.
