@@ -124,4 +124,56 @@ struct Accumulators<Acc, kSlabDepth, false, kDepth> {
   __device__ __forceinline__ const Acc& Result() { return partial; }
 };
 
+// Blocked summation for a kernel whose registers hold only the partial sums
+// (warptile's float32 blocks: 8 x 8 sums a thread at 128 registers): the
+// totals lie in shared memory as quads of float4, quad q of thread t at
+// [q * kThreads + t], so that a warp's 16-byte accesses are contiguous. They
+// are the kernel's dynamic shared memory, kBytes of it, found from the symbol
+// at each use: a pointer kept would take two of the registers the mainloop
+// needs (ptxas spilled). Each thread touches only its own totals: no
+// barrier. The same sums as Accumulators<..., true>: AddPartial every
+// kRoundedSumDepth of K (the first time with `first`, which needs no zeroed
+// totals: zeroing them before the mainloop made ptxas spill too), then, if
+// AddPartial ran, Result.
+template <int kThreads, int kRows, int kColumns>
+struct SharedTotals {
+  static_assert(kColumns % 4 == 0, "the sums move as quads");
+  static constexpr int kQuadsPerRow = kColumns / 4;
+  static constexpr int kBytes = kRows * kQuadsPerRow * kThreads * 16;
+
+  __device__ __forceinline__ static float4& Quad(int row, int quad) {
+    extern __shared__ __align__(16) float4 shared_totals[];
+    return shared_totals[(row * kQuadsPerRow + quad) * kThreads + threadIdx.x];
+  }
+
+  // total += partial (total = partial where `first`); partial = 0.
+  __device__ __forceinline__ static void AddPartial(float (&partial)[kRows][kColumns], bool first) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int q = 0; q < kQuadsPerRow; ++q) {
+        float* p = &partial[r][4 * q];
+        float4& t = Quad(r, q);
+        t = first ? make_float4(p[0], p[1], p[2], p[3])
+                  : make_float4(t.x + p[0], t.y + p[1], t.z + p[2], t.w + p[3]);
+        p[0] = p[1] = p[2] = p[3] = 0.0f;
+      }
+  }
+
+  // partial = total + partial: the sums, once every slab is in.
+  __device__ __forceinline__ static void Result(float (&partial)[kRows][kColumns]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int q = 0; q < kQuadsPerRow; ++q) {
+        float* p = &partial[r][4 * q];
+        const float4 t = Quad(r, q);
+        p[0] = t.x + p[0];
+        p[1] = t.y + p[1];
+        p[2] = t.z + p[2];
+        p[3] = t.w + p[3];
+      }
+  }
+};
+
 }  // namespace jax_tiled::cuda

@@ -17,6 +17,12 @@
 //
 // Where the output tiles alone would leave SMs idle and K is long, K is cut
 // into parts, a block each, added by a second kernel (k_parts.cuh).
+//
+// float32 products on the 128 x 128 blocks whose rows start on 16-byte lines
+// (HIGHEST's large products) run WarpTiledFloat32: the same blocks, warps
+// and slabs, with the operand layouts compiled in, no bounds checks in the
+// mainloop, and sums blocked every kRoundedSumDepth of K with the totals in
+// shared memory (this kernel has no registers for them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,10 +44,17 @@ namespace jax_tiled::cuda {
 // bookkeeping (ptxas spilled), and in the configuration for few tiles only
 // (the other one is chosen where its tiles fill the GPU); the others compile
 // without it.
-template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_, bool kSplitsK_ = false>
+//
+// kFloat32Layouts: float32 products whose rows start on 16-byte lines run a
+// mainloop of their own (WarpTiledFloat32 below), compiled once per operand
+// layout; the configuration that runs the large float32 products at HIGHEST
+// takes it.
+template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_, bool kSplitsK_ = false,
+          bool kFloat32Layouts_ = false>
 struct WarpTileConfig {
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kSlab = kSlab_;
   static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr bool kFloat32Layouts = kFloat32Layouts_;
   template <class Acc>
   static constexpr bool kPartsOfK = kSplitsK_ && sizeof(Acc) == 4;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -275,13 +288,249 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
+// The float32 path. The kernel above decides each operand's layout, bounds
+// and alignment per quad per slab: its 64-bit address and predicate
+// arithmetic was a fifth of the instructions it issued. Here an operand's
+// layout is a template parameter (kKContiguous: its element (x, k) at
+// base[x * ld + k], else at base[k * ld + x]), each quad's address is
+// worked out once a tile and stepped by a constant a slab, and the mainloop
+// has no bounds checks:
+// - along x, the quads past the matrix's edge read the last quad inside it
+//   instead: they only reach the sums of rows or columns that are never
+//   stored;
+// - along K, the slabs end where K ends, so only the first slab can reach
+//   outside (it starts before element 0); it is loaded before the mainloop,
+//   with zeros there, and every sum then starts with those zeros' exact
+//   0 * 0 + 0.
+// The sums are blocked (blocked_sum.cuh), each kRoundedSumDepth of K's
+// partial in registers added into a total in shared memory: one FMA chain
+// over all of K, as WarpTiledMatmul's 128 x 128 blocks sum, was 4.4 times
+// jnp's error at 2304 x 8192 x 2048 on positive inputs.
+// Every quad is one 16-byte load, all inside the matrix or all outside
+// (Float32LayoutsTake says when: both operands' rows on 16-byte lines, K a
+// multiple of 4 where an operand runs along it, the free extent where it
+// runs along that). NOTES.md, "warptile's float32 mainloop".
+template <int kX, int kSlab, int kThreads, bool kKContiguous>
+struct SteppedQuadLoader {
+  static constexpr int kQuadsPerLine = kKContiguous ? kSlab / 4 : kX / 4;
+  static constexpr int kPerThread = kX * kSlab / 4 / kThreads;
+  static_assert(kX * kSlab / 4 % kThreads == 0, "slab must split evenly over the threads");
+  static constexpr int kPad = 4;  // as SlabLoader's: the transposing stores do not conflict
+  using Tile = float[kSlab][kX + kPad];
+
+  const float* next[kPerThread];  // quad i's first element in the next slab
+  int64_t step;                   // elements from one slab to the next
+  float staged[kPerThread][4];
+
+  // Where quad i of this thread lies in the slab.
+  __device__ __forceinline__ static void Origin(int i, int& x, int& k) {
+    const int q = threadIdx.x + i * kThreads;
+    if constexpr (kKContiguous) {
+      x = q / kQuadsPerLine;
+      k = q % kQuadsPerLine * 4;
+    } else {
+      k = q / kQuadsPerLine;
+      x = q % kQuadsPerLine * 4;
+    }
+  }
+
+  // The operand from row or column x0 of its free axis (x_limit of them) and
+  // from element k0 (<= 0) of K.
+  __device__ __forceinline__ SteppedQuadLoader(const float* base, int64_t ld, int64_t x0,
+                                               int64_t x_limit, int64_t k0)
+      : step(kKContiguous ? kSlab : kSlab * ld) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int x, k;
+      Origin(i, x, k);
+      const int64_t gx = min(x0 + x, x_limit - (kKContiguous ? 1 : 4));
+      next[i] = base + (kKContiguous ? gx * ld + k0 + k : (k0 + k) * ld + gx);
+    }
+  }
+
+  // The first slab, which starts at K's element k0 (<= 0): zeros before 0.
+  __device__ __forceinline__ void FetchFirst(int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int x, k;
+      Origin(i, x, k);
+      if (k0 + k >= 0) {
+        Load(i);
+      } else {
+        next[i] += step;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) staged[i][e] = 0.0f;
+      }
+    }
+  }
+
+  // The next slab, all of it inside the matrix's K.
+  __device__ __forceinline__ void Fetch() {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) Load(i);
+  }
+
+  __device__ __forceinline__ void Store(Tile& tile) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      int x, k;
+      Origin(i, x, k);
+      if constexpr (kKContiguous) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile[k + e][x] = staged[i][e];
+      } else {
+        StoreQuad(&tile[k][x], staged[i]);
+      }
+    }
+  }
+
+ private:
+  __device__ __forceinline__ void Load(int i) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(next[i]));
+    next[i] += step;
+    staged[i][0] = v.x;
+    staged[i][1] = v.y;
+    staged[i][2] = v.z;
+    staged[i][3] = v.w;
+  }
+};
+
+// This thread's fragments of slab row k: 8 of A and 8 of B (AccumulateSlab's).
+struct Fragments {
+  float a[8], b[8];
+
+  template <int kRowA, int kRowB>
+  __device__ __forceinline__ void Load(const float (&a_tile)[kRowA], const float (&b_tile)[kRowB],
+                                       ThreadTile t) {
+    LoadQuad(&a_tile[t.m], a, 0);
+    LoadQuad(&a_tile[t.m + 16], a, 4);
+    LoadQuad(&b_tile[t.n], b, 0);
+    LoadQuad(&b_tile[t.n + 32], b, 4);
+  }
+};
+
+// A thread's 8 x 8 sums: the registers' partials and these totals in shared
+// memory (two such blocks an SM leave no registers for a second set; 64 KB a
+// block beside its 16.5 KB of tiles).
+template <class Cfg>
+using Float32Totals = SharedTotals<Cfg::kThreads, 8, 8>;
+
+// One block a tile, over a 1-D grid in TileOrder (counted in 32 bits:
+// Float32LayoutsTake). The slabs go through two shared buffers, the next
+// slab's quads staged in registers while the current one's FMAs run, as in
+// WarpTiledMatmul; besides, each k's fragments are read from shared memory
+// during the k before (two sets of Fragments), and the next slab's stores and
+// the one barrier a slab come before the last k's FMAs, so that the next
+// slab's first fragments load while those run.
+template <class Cfg, bool kAKContiguous, bool kBKContiguous>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    WarpTiledFloat32(MatmulDims dims, const float* __restrict__ a, const float* __restrict__ b,
+                     float* __restrict__ out) {
+  using LoaderA = SteppedQuadLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, kAKContiguous>;
+  using LoaderB = SteppedQuadLoader<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads, kBKContiguous>;
+  static_assert(kRoundedSumDepth % Cfg::kSlab == 0, "a partial sum is whole slabs");
+  constexpr int kSlabsPerPartial = kRoundedSumDepth / Cfg::kSlab;
+  __shared__ __align__(16) typename LoaderA::Tile a_tiles[2];
+  __shared__ __align__(16) typename LoaderB::Tile b_tiles[2];
+
+  using Totals = Float32Totals<Cfg>;
+
+  const TileOrder<Cfg::kBlockM, Cfg::kBlockN, int> order(dims);
+  const ThreadTile thread_tile(Cfg::kWarpsN);
+  float acc[8][8] = {};  // the partial sums
+  const int slabs = static_cast<int>((dims.k + Cfg::kSlab - 1) / Cfg::kSlab);
+  if (slabs > 0) {
+    int batch, row0, col0;
+    order.Locate(static_cast<int>(blockIdx.x), batch, row0, col0);
+    const int64_t k0 = dims.k - int64_t{slabs} * Cfg::kSlab;
+    LoaderA load_a(a + batch * dims.a_batch_stride, dims.lda, row0, dims.m, k0);
+    LoaderB load_b(b + batch * dims.b_batch_stride, dims.ldb, col0, dims.n, k0);
+    load_a.FetchFirst(k0);
+    load_b.FetchFirst(k0);
+    load_a.Store(a_tiles[0]);
+    load_b.Store(b_tiles[0]);
+    __syncthreads();
+    Fragments fragments[2];
+    fragments[0].Load(a_tiles[0][0], b_tiles[0][0], thread_tile);
+
+    for (int slab = 0; slab < slabs; ++slab) {
+      const int cur = slab & 1;
+      const bool more = slab + 1 < slabs;
+      if (more) {  // in flight while the FMAs below run
+        load_a.Fetch();
+        load_b.Fetch();
+      }
+#pragma unroll
+      for (int k = 0; k < Cfg::kSlab; ++k) {
+        Fragments& next = fragments[(k + 1) & 1];
+        if (k + 1 < Cfg::kSlab) {
+          next.Load(a_tiles[cur][k + 1], b_tiles[cur][k + 1], thread_tile);
+        } else {
+          // The other buffer was last read before the previous slab's barrier.
+          if (more) {
+            load_a.Store(a_tiles[cur ^ 1]);
+            load_b.Store(b_tiles[cur ^ 1]);
+          }
+          __syncthreads();
+          if (more) next.Load(a_tiles[cur ^ 1][0], b_tiles[cur ^ 1][0], thread_tile);
+        }
+        const Fragments& f = fragments[k & 1];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][j] += f.a[i] * f.b[j];
+      }
+      if ((slab + 1) % kSlabsPerPartial == 0) Totals::AddPartial(acc, slab + 1 == kSlabsPerPartial);
+    }
+  }
+  if (slabs >= kSlabsPerPartial) Totals::Result(acc);
+  // The tile's place found again, not kept through the mainloop's registers.
+  int batch, row0, col0;
+  order.Locate(static_cast<int>(blockIdx.x), batch, row0, col0);
+  StoreThreadTile(acc, thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
+}
+
+// Whether WarpTiledFloat32 runs this product: every quad one aligned 16-byte
+// load (the rows of both operands on 16-byte lines; an operand's quads
+// wholly inside or outside the matrix: K a multiple of 4 where they run
+// along K, the free extent where they run along it), and its tiles, rows,
+// columns and slabs counted in 32 bits.
+template <class Cfg>
+bool Float32LayoutsTake(const MatmulDims& dims, bool a_vector_ok, bool b_vector_ok) {
+  constexpr int64_t kMax = 0x7fffffff - 256;
+  const bool a_quads_whole = dims.transpose_a ? dims.m % 4 == 0 : dims.k % 4 == 0;
+  const bool b_quads_whole = dims.transpose_b ? dims.k % 4 == 0 : dims.n % 4 == 0;
+  return a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole && dims.m <= kMax &&
+         dims.n <= kMax && dims.k <= kMax &&
+         TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count <= kMax;
+}
+
+template <class Cfg>
+cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const float* b,
+                                   float* out, const LaunchContext& context) {
+  const auto launch = [&](auto a_k_contiguous, auto b_k_contiguous) {
+    constexpr auto kKernel =
+        &WarpTiledFloat32<Cfg, decltype(a_k_contiguous)::value, decltype(b_k_contiguous)::value>;
+    constexpr int kBytes = Float32Totals<Cfg>::kBytes;
+    if (const cudaError_t err = AllowSharedMemory<kKernel>(kBytes); err != cudaSuccess) return err;
+    const TileOrder<Cfg::kBlockM, Cfg::kBlockN, int> order(dims);
+    kKernel<<<order.Grid(), Cfg::kThreads, kBytes, context.stream>>>(dims, a, b, out);
+    return cudaGetLastError();
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  // a stored as (m, k) and b stored as (n, k) are the K-contiguous ones.
+  if (!dims.transpose_a) return dims.transpose_b ? launch(Yes{}, Yes{}) : launch(Yes{}, No{});
+  return dims.transpose_b ? launch(No{}, Yes{}) : launch(No{}, No{});
+}
+
 // Shape-dependent block size: 128 x 128 blocks once they fill the GPU twice
 // over, else 64 x 64 ones, which quadruple the block count on small problems.
 // Two large blocks per SM (16 warps) need at most 128 registers a thread.
 // 32 x 128 blocks of 1 x 2 warps for products of at most 32 rows (a decode
 // step's M): a 64-row block computes two to four times the rows it writes
 // there, and B, read once for all rows, is what the product costs.
-using WarpTileLarge = WarpTileConfig<4, 2, 8, 2>;
+using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, true>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
 using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true>;
 
@@ -301,6 +550,10 @@ cudaError_t LaunchWarpTiledWith(const LaunchPlan& plan, const MatmulDims& dims, 
   static_assert(Cfg::kSlab % 4 == 0, "a part of K starts on a quad");
   const bool a_vector_ok = QuadAligned(a, dims.lda, dims.a_batch_stride);
   const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
+  if constexpr (Cfg::kFloat32Layouts && std::is_same_v<In, float> && std::is_same_v<Out, float> &&
+                std::is_same_v<Acc, float>)
+    if (plan.split_groups == 1 && Float32LayoutsTake<Cfg>(dims, a_vector_ok, b_vector_ok))
+      return LaunchWarpTiledFloat32<Cfg>(dims, a, b, out, context);
   return LaunchInKParts<Acc, Cfg::kSlab, Cfg::template kPartsOfK<Acc>>(
       plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
         dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);

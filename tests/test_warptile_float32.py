@@ -1,0 +1,169 @@
+"""warptile's float32 mainloop (cpp/cuda/kernels/3_simt_warptiled.cuh,
+WarpTiledFloat32): float32 products on its 128 x 128 blocks whose rows start on
+16-byte lines, HIGHEST's large products, run with the operand layouts
+compiled in, no bounds checks in the mainloop, and sums blocked every 128 of
+K with the totals in shared memory. Past the matrix's edge its quads read
+the last rows or columns inside again, and a K that is not whole slabs
+starts with zeros. The plans (no GPU needed); on a GPU, every layout against
+float64 at tile edges, short and ragged K and batched (and the operands off
+16-byte lines, which the kernel before it runs), special values in the first
+slab and in the last row and column (read again past the edge), bitwise the
+same run to run; jit, grad and vmap; no less accurate than jnp at HIGHEST
+over K of 4096 and 8192 on positive inputs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tiled
+from helpers import (
+    LAYOUTS,
+    assert_matmul_close,
+    assert_special_values_across_k,
+    bind_product,
+    errors_beside_jnp,
+    highest_plan,
+    load_repository_module,
+    operands,
+    x64,
+)
+from jax_tiled import _ffi
+
+HIGHEST = lax.Precision.HIGHEST
+needs_cuda_module = pytest.mark.skipif(
+    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
+)
+H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
+LARGE = (128, 128)  # warptile's blocks where they fill the GPU twice
+
+# (batch, m, n, k), each on 128 x 128 blocks and on the float32 mainloop:
+# whole tiles and a K of whole slabs; tiles off both edges (m and n
+# multiples of 4, not of 128) with a K that ends half a slab in (its first
+# slab starts with 4 zeros); a batch; K of one half slab and of one slab.
+SHAPES = [
+    (1, 2304, 2048, 1024),
+    (1, 2308, 2052, 1004),
+    (2, 1540, 1284, 260),
+    (1, 2304, 2048, 4),
+    (1, 2304, 2048, 8),
+]
+# Rows off 16-byte lines (n and K odd): the kernel before it runs these.
+OFF_LINES = (1, 2304, 2051, 1001)
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)
+def test_the_shapes_run_on_large_blocks(shape):
+    found = highest_plan("warptile", shape, **H100)
+    assert (found.block_m, found.block_n) == LARGE and found.split_groups == 1, found
+
+
+@needs_cuda_module
+def test_the_sanitizers_run_the_float32_mainloop():
+    """tests/scripts/sanitizer_cases.py's aligned large case takes the large
+    blocks, off both edges, over more than two partial sums of K."""
+    m, k, n = load_repository_module("tests/scripts/sanitizer_cases.py").LARGE_ALIGNED_SHAPE
+    found = highest_plan("warptile", (1, m, n, k), **H100)
+    assert (found.block_m, found.block_n) == LARGE and found.split_groups == 1, found
+    assert m % LARGE[0] and n % LARGE[1] and m % 4 == n % 4 == k % 4 == 0
+    assert k > 2 * 128
+
+
+@pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_every_layout_against_float64(rng, shape):
+    batch, m, n, k = shape
+    with x64():
+        for ta, tb in LAYOUTS:
+            a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, np.float32, batch, batch)
+            out = bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile")
+            assert_matmul_close(out, a_op, b_op, platform="cuda", precision=HIGHEST)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=str)
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_bitwise_the_same_run_to_run(rng, shape):
+    batch, m, n, k = shape
+    for ta, tb in LAYOUTS:
+        a, b, _, _ = operands(rng, m, n, k, ta, tb, np.float32, batch, batch)
+        first = np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile"))
+        for _ in range(2):
+            again = bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile")
+            np.testing.assert_array_equal(np.asarray(again), first)
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_special_values_in_the_first_slab(rng):
+    """K = 1004: the first slab is 4 zeros and K's first 4 elements, so row 1's
+    NaN at K's start is in it; inf at K's end, inf - inf across K."""
+    m, n, k = 2308, 2052, 1004
+    assert highest_plan("warptile", (1, m, n, k), **H100).block_m == LARGE[0]
+    assert_special_values_across_k(rng, m, n, k, kernel="warptile")
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_the_edge_read_again_stays_outside(rng):
+    """Past the edge the loaders read a's last row and b's last column again,
+    into sums that are never stored: NaN there reaches only that row and that
+    column of the result."""
+    m, n, k = 2308, 2052, 1000
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a[-1, 5] = np.nan
+    b[7, -1] = np.nan
+    for ta, tb in LAYOUTS:
+        stored_a = np.ascontiguousarray(a.T) if ta else a
+        stored_b = np.ascontiguousarray(b.T) if tb else b
+        got = bind_product(
+            stored_a[None], stored_b[None], ta, tb, precision=HIGHEST, kernel="warptile"
+        )
+        got = np.asarray(got)[0]
+        assert np.isnan(got[-1]).all() and np.isnan(got[:, -1]).all(), (ta, tb)
+        assert np.isfinite(got[:-1, :-1]).all(), (ta, tb)
+        assert_matmul_close(got[:-1, :-1], a[:-1], b[:, :-1], platform="cuda", precision=HIGHEST)
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_jit_grad_vmap(rng):
+    """x (2304, 1024) @ w (1024, 2048) runs on the float32 mainloop forward and
+    under vmap; the gradients take smaller blocks (their outputs are smaller)."""
+    x = jnp.asarray(rng.standard_normal((2304, 1024)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((1024, 2048)), jnp.float32)
+
+    def loss(matmul):
+        return lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, precision=HIGHEST)))
+
+    got = jax.jit(jax.grad(loss(jax_tiled.matmul), argnums=(0, 1)))(x, w)
+    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=2e-4, atol=2e-4)
+    xs = jnp.stack([x, 2 * x])
+    batched = jax.vmap(lambda x: jax_tiled.matmul(x, w, precision=HIGHEST))(xs)
+    np.testing.assert_allclose(
+        np.asarray(batched), np.asarray(jnp.matmul(xs, w, precision=HIGHEST)), rtol=2e-5, atol=2e-4
+    )
+
+
+@pytest.mark.parametrize("k", [4096, 8192])
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_long_k_no_less_accurate_than_jnp(rng, k):
+    """2304 x k x 2048 (m x k x n) on positive inputs (they expose a bias):
+    auto runs the float32 mainloop, and its error against float64 is at most
+    jnp's (one FMA chain over K was 4.4 times jnp's at K = 8192)."""
+    m, n = 2304, 2048
+    a = rng.uniform(0.5, 1.5, (m, k)).astype(np.float32)
+    b = rng.uniform(0.5, 1.5, (k, n)).astype(np.float32)
+    found = jax_tiled.explain(a, b, precision=HIGHEST)
+    assert found.kernel == "warptile" and found.plan.startswith("128 x 128 tiles"), found
+    errors = errors_beside_jnp(a, b)
+    assert errors["ours"] <= errors["jnp"], errors
