@@ -129,12 +129,11 @@ struct Accumulators<Acc, kSlabDepth, false, kDepth> {
 // totals lie in shared memory as quads of float4, quad q of thread t at
 // [q * kThreads + t], so that a warp's 16-byte accesses are contiguous. They
 // are the kernel's dynamic shared memory, kBytes of it, found from the symbol
-// at each use: a pointer kept would take two of the registers the mainloop
-// needs (ptxas spilled). Each thread touches only its own totals: no
-// barrier. The same sums as Accumulators<..., true>: AddPartial every
-// kRoundedSumDepth of K (the first time with `first`, which needs no zeroed
-// totals: zeroing them before the mainloop made ptxas spill too), then, if
-// AddPartial ran, Result.
+// at each use rather than kept in a pointer: two registers its mainloop has
+// no room for. Each thread touches only its own totals: no barrier. The
+// same sums as Accumulators<..., true>: AddPartial every kRoundedSumDepth of
+// K (the first time with `first`, which needs no zeroed totals: zeroing them
+// before the mainloop made ptxas spill), then, if AddPartial ran, Result.
 template <int kThreads, int kRows, int kColumns>
 struct SharedTotals {
   static_assert(kColumns % 4 == 0, "the sums move as quads");
