@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax._src import core
 
@@ -27,6 +28,10 @@ HIGHEST = lax.Precision.HIGHEST
 # CUDA lists are empty (the tests that use them need a GPU or the module).
 CPU_KERNELS = _ffi.kernel_names("cpu")
 CUDA_TABLE = tuple(k for k in _ffi.kernel_table("cuda") if k.listed)
+# For the tests that plan CUDA launches (no GPU needed) or read the CUDA table.
+needs_cuda_module = pytest.mark.skipif(
+    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
+)
 TENSOR_CORE_KERNELS = tuple(k.name for k in CUDA_TABLE if k.tensor_cores)
 SIMT_KERNELS = tuple(k.name for k in CUDA_TABLE if not k.tensor_cores)
 LAYOUTS = list(itertools.product((False, True), repeat=2))  # (transpose_a, transpose_b)

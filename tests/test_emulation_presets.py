@@ -18,7 +18,7 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import F32, assert_runs_as, random_array
+from helpers import F32, assert_runs_as, needs_cuda_module, random_array
 from jax_tiled import _ffi, _lowering, _presets
 
 Preset = lax.DotAlgorithmPreset
@@ -200,9 +200,6 @@ def test_special_values_as_true_arithmetic(emulated_on):
     assert np.allclose(out[finite], want32[finite], rtol=split_of(emulated).dropped * 4, atol=0)
 
 
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 SMS = 132  # an H100's, as explain assumes them without a GPU
 
 

@@ -26,14 +26,12 @@ from helpers import (
     bind_product,
     errors_beside_jnp,
     highest_plan,
+    needs_cuda_module,
     operands,
 )
 from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 
 # (batch, m, n, k): a few 64 x 64 tiles over a long K. On an H100 (132 SMs):
 # 2 tiles in 16 parts of 264 (the last 140: not whole slabs); 18 tiles (a

@@ -16,14 +16,11 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import F32, LAYOUTS, assert_matmul_close, random_array, x64
+from helpers import F32, LAYOUTS, assert_matmul_close, needs_cuda_module, random_array, x64
 from jax_tiled import _ffi, _lowering
 
 BF16 = np.dtype(jnp.bfloat16)
 DEFAULT = lax.Precision.DEFAULT
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 
 
 @pytest.mark.parametrize("transpose_a,transpose_b", LAYOUTS)

@@ -22,15 +22,12 @@ from helpers import (
     SIMT_KERNELS,
     TENSOR_CORE_KERNELS,
     admits,
+    needs_cuda_module,
     tensor_cores_of_this_gpu,
 )
 from jax_tiled import _ffi
 
 S = jax.ShapeDtypeStruct
-
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 
 
 def test_cpu():

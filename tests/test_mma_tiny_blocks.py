@@ -14,12 +14,8 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import LAYOUTS, assert_matmul_close, bind_product, operands
+from helpers import LAYOUTS, assert_matmul_close, bind_product, needs_cuda_module, operands
 from jax_tiled import _ffi
-
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 
 # float32 runs as one TF32 pass at DEFAULT and as 3xTF32 at HIGH.
 PRODUCTS = [(jnp.bfloat16, "default"), (jnp.float16, "default")]

@@ -26,6 +26,7 @@ from helpers import (
     bind_product,
     errors_beside_jnp,
     highest_plan,
+    needs_cuda_module,
     operands,
     x64,
 )
@@ -33,9 +34,6 @@ from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
 S = jax.ShapeDtypeStruct
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 THIN = (32, 128)  # rows x columns of a thin block
 H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
 

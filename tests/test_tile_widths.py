@@ -22,6 +22,7 @@ from helpers import (
     assert_special_values_across_k,
     bind_product,
     load_repository_module,
+    needs_cuda_module,
     operands,
 )
 from jax_tiled import _ffi
@@ -29,9 +30,6 @@ from jax_tiled import _ffi
 S = jax.ShapeDtypeStruct
 H100 = _ffi.H100_MULTIPROCESSORS
 SIXTEEN_BIT = [jnp.bfloat16, jnp.float16]
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 
 # (batch, m, n, k) that take 128 x 192 tiles on 132 SMs, off the tile (128
 # rows, 192 columns) and slab (64) edges:

@@ -28,15 +28,13 @@ from helpers import (
     errors_beside_jnp,
     highest_plan,
     load_repository_module,
+    needs_cuda_module,
     operands,
     x64,
 )
 from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
-needs_cuda_module = pytest.mark.skipif(
-    not _ffi.cuda_module_built(), reason="this build has no CUDA module"
-)
 H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
 LARGE = (128, 128)  # warptile's blocks where they fill the GPU twice
 
