@@ -1,7 +1,7 @@
 """warptile's float32 mainloop (cpp/cuda/kernels/3_simt_warptiled.cuh,
 WarpTiledFloat32): float32 products on its 128 x 128 blocks whose rows start on
 16-byte lines, HIGHEST's large products, run with the operand layouts
-compiled in, no bounds checks in the mainloop, and sums blocked every 128 of
+compiled in, no bounds checks in the mainloop, and sums blocked every 256 of
 K with the totals in shared memory. Past the matrix's edge its quads read
 the last rows or columns inside again, and a K that is not whole slabs
 starts with zeros. The plans (no GPU needed); on a GPU, every layout against
@@ -41,13 +41,18 @@ LARGE = (128, 128)  # warptile's blocks where they fill the GPU twice
 # (batch, m, n, k), each on 128 x 128 blocks and on the float32 mainloop:
 # whole tiles and a K of whole slabs; tiles off both edges (m and n
 # multiples of 4, not of 128) with a K that ends half a slab in (its first
-# slab starts with 4 zeros); a batch; K of one half slab and of one slab.
+# slab starts with 4 zeros); a batch; K of one half slab, of one slab and of
+# one partial sum (256: no slabs after it). Sums are blocked every 256 of K
+# (kSharedTotalsSumDepth): 1024 is four partials, 1004 three and 30 slabs
+# more, 260 one and one slab more.
+PARTIAL_DEPTH = 256
 SHAPES = [
     (1, 2304, 2048, 1024),
     (1, 2308, 2052, 1004),
     (2, 1540, 1284, 260),
     (1, 2304, 2048, 4),
     (1, 2304, 2048, 8),
+    (1, 2304, 2048, PARTIAL_DEPTH),
 ]
 # Rows off 16-byte lines (n and K odd): the kernel before it runs these.
 OFF_LINES = (1, 2304, 2051, 1001)
@@ -68,7 +73,7 @@ def test_the_sanitizers_run_the_float32_mainloop():
     found = highest_plan("warptile", (1, m, n, k), **H100)
     assert (found.block_m, found.block_n) == LARGE and found.split_groups == 1, found
     assert m % LARGE[0] and n % LARGE[1] and m % 4 == n % 4 == k % 4 == 0
-    assert k > 2 * 128
+    assert k > 2 * PARTIAL_DEPTH
 
 
 @pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)

@@ -43,9 +43,10 @@ SHAPES = [
 ]
 LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132 SMs twice
 # The same blocks with every row on 16-byte lines: warptile's float32 mainloop
-# (WarpTiledFloat32), tiles off both edges, K of 38 slabs from 4 zeros
-# (totals added twice in shared memory, then the rest).
-LARGE_ALIGNED_SHAPE = (1028, 300, 4100)
+# (WarpTiledFloat32), tiles off both edges, K of 70 slabs from 4 zeros
+# (totals added twice in shared memory, a partial sum being 32 slabs, then
+# the rest).
+LARGE_ALIGNED_SHAPE = (1028, 556, 4100)
 # More than one tile per SM for the persistent wgmma grid, on 132 SMs: 5 x 22
 # pairs of 128 x 192 tiles (2 waves of 66 clusters, as 128 x 256 tiles' 5 x 17
 # would take: WgmmaEndsSooner), the last column 72 wide; and 9 x 12 pairs of

@@ -37,6 +37,15 @@ inline constexpr int kTruncatedSumDepth = 64;
 // deeper than 64, so fewer, deeper partials cost no accuracy there.
 inline constexpr int kTf32TruncatedSumDepth = 256;
 
+// K per partial sum where the totals lie in shared memory (SharedTotals
+// below): every warp of a block adds its partials into them at the same
+// slab, between two barriers, and the SM's FMAs wait for it. warptile's
+// float32 blocks ran 2% faster at 256 than at 128 (4096^3 and 8192^3, H100),
+// and their error against float64 stayed under 0.4 times jnp HIGHEST's over
+// K of 2048 to 8192 (NOTES.md, "warptile's float32 mainloop, the partials'
+// loop").
+inline constexpr int kSharedTotalsSumDepth = 2 * kRoundedSumDepth;
+
 // Partial sums per group where a kernel has room for a third set of
 // accumulators (RoomForSets(3, ...)): the partials are added into a group's
 // sum, and each group's sum into the running total. The running total's
@@ -131,8 +140,8 @@ struct Accumulators<Acc, kSlabDepth, false, kDepth> {
 // are the kernel's dynamic shared memory, kBytes of it, found from the symbol
 // at each use rather than kept in a pointer: two registers its mainloop has
 // no room for. Each thread touches only its own totals: no barrier. The
-// same sums as Accumulators<..., true>: AddPartial every kRoundedSumDepth of
-// K (the first time with `first`, which needs no zeroed totals: zeroing them
+// same sums as Accumulators<..., true>: AddPartial every kSharedTotalsSumDepth
+// of K (the first time with `first`, which needs no zeroed totals: zeroing them
 // before the mainloop made ptxas spill), then, if AddPartial ran, Result.
 template <int kThreads, int kRows, int kColumns>
 struct SharedTotals {

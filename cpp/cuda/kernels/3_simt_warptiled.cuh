@@ -21,8 +21,8 @@
 // float32 products on the 128 x 128 blocks whose rows start on 16-byte lines
 // (HIGHEST's large products) run WarpTiledFloat32: the same blocks, warps
 // and slabs, with the operand layouts compiled in, no bounds checks in the
-// mainloop, and sums blocked every kRoundedSumDepth of K with the totals in
-// shared memory (this kernel has no registers for them).
+// mainloop, and sums blocked every kSharedTotalsSumDepth of K with the
+// totals in shared memory (this kernel has no registers for them).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 //   outside (it starts before element 0); it is loaded before the mainloop,
 //   with zeros there, and every sum then starts with those zeros' exact
 //   0 * 0 + 0.
-// The sums are blocked (blocked_sum.cuh), each kRoundedSumDepth of K's
+// The sums are blocked (blocked_sum.cuh), each kSharedTotalsSumDepth of K's
 // partial in registers added into a total in shared memory: one FMA chain
 // over all of K, as WarpTiledMatmul's 128 x 128 blocks sum, was 4.4 times
 // jnp's error at 2304 x 8192 x 2048 on positive inputs.
@@ -429,8 +429,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                      float* __restrict__ out) {
   using LoaderA = SteppedQuadLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, kAKContiguous>;
   using LoaderB = SteppedQuadLoader<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads, kBKContiguous>;
-  static_assert(kRoundedSumDepth % Cfg::kSlab == 0, "a partial sum is whole slabs");
-  constexpr int kSlabsPerPartial = kRoundedSumDepth / Cfg::kSlab;
+  static_assert(kSharedTotalsSumDepth % Cfg::kSlab == 0, "a partial sum is whole slabs");
+  constexpr int kSlabsPerPartial = kSharedTotalsSumDepth / Cfg::kSlab;
   __shared__ __align__(16) typename LoaderA::Tile a_tiles[2];
   __shared__ __align__(16) typename LoaderB::Tile b_tiles[2];
 
@@ -454,10 +454,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     Fragments fragments[2];
     fragments[0].Load(a_tiles[0][0], b_tiles[0][0], thread_tile);
 
-    for (int slab = 0; slab < slabs; ++slab) {
+    // One slab's FMAs, with the next slab's quads in flight (if there is one).
+    const auto accumulate_slab = [&](int slab) {
       const int cur = slab & 1;
       const bool more = slab + 1 < slabs;
-      if (more) {  // in flight while the FMAs below run
+      if (more) {
         load_a.Fetch();
         load_b.Fetch();
       }
@@ -481,8 +482,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[i][j] += f.a[i] * f.b[j];
       }
-      if ((slab + 1) % kSlabsPerPartial == 0) Totals::AddPartial(acc, slab + 1 == kSlabsPerPartial);
+    };
+    // The whole partial sums, each a loop of a constant count, then the slabs
+    // after the last of them. One loop over every slab that tested for a
+    // partial's end ran 6-8% slower: ptxas scheduled it with the adds into
+    // the totals inside, and issued the next slab's loads after about 250 of
+    // a slab's 512 FMAs where here it issues them after 120-190 (NOTES.md).
+    const int whole_partials = slabs / kSlabsPerPartial;
+    int slab = 0;
+#pragma unroll 1
+    for (int partial = 0; partial < whole_partials; ++partial) {
+#pragma unroll 1
+      for (int i = 0; i < kSlabsPerPartial; ++i) accumulate_slab(slab++);
+      Totals::AddPartial(acc, partial == 0);
     }
+#pragma unroll 1
+    for (; slab < slabs; ++slab) accumulate_slab(slab);
   }
   if (slabs >= kSlabsPerPartial) Totals::Result(acc);
   // The tile's place found again, not kept through the mainloop's registers.
