@@ -38,12 +38,12 @@ inline constexpr int kTruncatedSumDepth = 64;
 inline constexpr int kTf32TruncatedSumDepth = 256;
 
 // K per partial sum where the totals lie in shared memory (SharedTotals
-// below): every warp of a block adds its partials into them at the same
-// slab, between two barriers, and the SM's FMAs wait for it. warptile's
-// float32 blocks ran 2% faster at 256 than at 128 (4096^3 and 8192^3, H100),
-// and their error against float64 stayed under 0.4 times jnp HIGHEST's over
-// K of 2048 to 8192 (NOTES.md, "warptile's float32 mainloop, the partials'
-// loop").
+// below), which costs a thread 16 shared loads and stores and 64 adds a
+// partial: deeper. warptile's float32 blocks ran 2% faster at 256 than at
+// 128 (4096^3 and 8192^3, H100), and their error against float64 stayed at
+// most 0.53 times jnp HIGHEST's on positive inputs (0.71 on normal ones)
+// over K of 556 to 8192 (NOTES.md, "warptile's float32 mainloop, the
+// partials' loop").
 inline constexpr int kSharedTotalsSumDepth = 2 * kRoundedSumDepth;
 
 // Partial sums per group where a kernel has room for a third set of
