@@ -65,14 +65,18 @@ TEST_TIMES = os.environ.get("JAX_TILED_TEST_TIMES")
 
 def pytest_collection_modifyitems(config, items):
     """With JAX_TILED_SLOW_FIRST=1, the tests tests/gpu_slow_tests.tsv names
-    come first, the slowest first, so that pytest-xdist starts them first
-    (tools/test_shards.py says why); the rest keep their order. Every worker
-    reads the same table, so every worker collects the same order."""
+    are collected so that pytest-xdist's workers start them first, one a
+    worker, the slowest first (tools/test_shards.py's slow_first says how and
+    why); the rest keep their order. Every worker reads the same table and
+    worker count, so every worker collects the same order."""
     if os.environ.get("JAX_TILED_SLOW_FIRST") != "1":
         return
     shards_tool = load_repository_module("tools/test_shards.py")
-    rank = {test: i for i, test in enumerate(shards_tool.read_slow_tests(shards_tool.SLOW_TABLE))}
-    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = shards_tool.read_slow_tests(shards_tool.SLOW_TABLE)
+    order = shards_tool.slow_first([item.nodeid for item in items], slow, workers)
+    position = {test: i for i, test in enumerate(order)}
+    items.sort(key=lambda item: position[item.nodeid])
 
 
 def pytest_runtest_logreport(report):

@@ -752,7 +752,8 @@ def test_the_model_predicted_partial_sums_in_groups(inputs):
 def test_slow_tests_table_orders_collection_slowest_first(tmp_path, monkeypatch):
     """--write writes the tests of SLOW_SECONDS or more, the slowest first;
     the committed table names tests that exist; under JAX_TILED_SLOW_FIRST=1
-    pytest collects them first, in the table's order, the rest as before."""
+    pytest collects them so that each xdist worker's first chunk starts with
+    one of them, the slowest first, the rest after in their order."""
     shards_tool = load_repository_module("tools/test_shards.py")
     times = tmp_path / "test_times.tsv"
     times.write_text(
@@ -770,29 +771,66 @@ def test_slow_tests_table_orders_collection_slowest_first(tmp_path, monkeypatch)
     assert slow and len(set(slow)) == len(slow)
     files = {f.name for f in (shards_tool.ROOT / "tests").glob("test_*.py")}
     assert {Path(t.split("::")[0]).name for t in slow} <= files
-    # The hook itself, on stand-ins for collected items: the table's tests
-    # first in its order, the rest after in theirs; off without the variable.
+    # The hook itself, on stand-ins for collected items: off without the
+    # variable; with it and two workers, whose first chunks are tests 0-1 and
+    # 2-3, the two slowest head them, the third slowest comes next.
     import conftest
 
     item = lambda nodeid: types.SimpleNamespace(nodeid=nodeid)
-    items = [
-        item("tests/test_x.py::first"),
-        item(slow[1]),
-        item("tests/test_x.py::second"),
-        item(slow[0]),
-    ]
+    fast = [f"tests/test_x.py::fast{i}" for i in range(4)]
+    items = [item(fast[0]), item(slow[2]), item(fast[1]), item(slow[0]), item(fast[2])]
+    items += [item(slow[1]), item(fast[3])]
     unordered = list(items)
     monkeypatch.delenv("JAX_TILED_SLOW_FIRST", raising=False)
     conftest.pytest_collection_modifyitems(None, items)
     assert items == unordered
     monkeypatch.setenv("JAX_TILED_SLOW_FIRST", "1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert shards_tool.XDIST_FIRST_CHUNK == 2
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.nodeid for i in items] == [
         slow[0],
+        fast[0],
         slow[1],
-        "tests/test_x.py::first",
-        "tests/test_x.py::second",
+        fast[1],
+        slow[2],
+        fast[2],
+        fast[3],
     ]
+
+
+def test_slow_first_starts_the_slowest_tests_on_different_workers():
+    """Dealt as xdist's load scheduler deals under --maxschedchunk 1 (each
+    worker's first XDIST_FIRST_CHUNK tests at the start, then one at a time
+    to the worker that finishes first), slow_first's order ends sooner than
+    the slowest-first collection, which gave the first worker the slowest
+    tests one after another; with too few other tests to fill the first
+    chunks, the slow tests follow one another."""
+    shards_tool = load_repository_module("tools/test_shards.py")
+    chunk = shards_tool.XDIST_FIRST_CHUNK
+
+    def makespan(order, seconds, workers):
+        queues = [list(order[w * chunk : (w + 1) * chunk]) for w in range(workers)]
+        pending, clock = list(order[workers * chunk :]), [0.0] * workers
+        while any(queues):
+            w = min((w for w in range(workers) if queues[w]), key=lambda w: clock[w])
+            clock[w] += seconds[queues[w].pop(0)]
+            if pending:
+                queues[w].append(pending.pop(0))
+        return max(clock)
+
+    slow = [f"s{i}" for i in range(8)]
+    seconds = {t: 250.0 - 25 * i for i, t in enumerate(slow)}
+    ids = [f"f{i}" for i in range(40)] + slow
+    seconds |= {f"f{i}": 5.0 for i in range(40)}
+    workers = 4
+    order = shards_tool.slow_first(ids, slow, workers)
+    assert sorted(order) == sorted(ids)
+    heads = [order[w * chunk] for w in range(workers)]
+    assert heads == slow[:workers]
+    assert makespan(order, seconds, workers) < makespan(slow + ids[:40], seconds, workers)
+    few_fast = shards_tool.slow_first(["f0"] + slow, slow, workers)
+    assert sorted(few_fast) == sorted(["f0"] + slow) and few_fast[:3] == ["s0", "f0", "s1"]
 
 
 def test_chain_trace_parts_calls_and_reads_kernels_per_product():

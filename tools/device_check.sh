@@ -103,7 +103,8 @@ repo=$PWD
 
 # One pytest run over the paths given, into $OUT/tests<suffix>.log; each
 # test's time goes to test_times<suffix>.tsv as it ends (tests/conftest.py),
-# and the slowest tests start first (JAX_TILED_SLOW_FIRST, tools/test_shards.py).
+# and the slowest tests start first, one a worker (JAX_TILED_SLOW_FIRST and
+# --maxschedchunk 1, tools/test_shards.py).
 # Workers share the GPU: each takes memory as it needs it, not 75% up front.
 # A run cut short by TEST_TIMEOUT writes the tests it did not finish to
 # tests<suffix>_unfinished.ids (tools/test_shards.py --unfinished), which a
@@ -113,7 +114,7 @@ run_tests() {
   shift
   JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TILED_SLOW_FIRST=1 \
     JAX_TILED_TEST_TIMES="$OUT/test_times$suffix.tsv" timeout "${TEST_TIMEOUT:-480}" \
-    python3 -m pytest -v -n "${TEST_WORKERS:-16}" -p no:cacheprovider --durations=20 \
+    python3 -m pytest -v -n "${TEST_WORKERS:-16}" --maxschedchunk 1 -p no:cacheprovider --durations=20 \
     "$@" >"$OUT/tests$suffix.log" 2>&1
   rc=$?
   if ((rc == 124)); then

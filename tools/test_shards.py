@@ -19,8 +19,16 @@ shards ended in about 245 s and the fourth was cut at 420 s with one test
 still running, nvcc's ptxas check of the wgmma unit for float, which had
 started late. tests/gpu_slow_tests.tsv names the tests that took
 SLOW_SECONDS or more, the slowest first; with JAX_TILED_SLOW_FIRST=1
-(tools/device_check.sh sets it) tests/conftest.py collects them first, in
-that order, and the rest as before.
+(tools/device_check.sh sets it) tests/conftest.py collects them in the
+order slow_first() gives. Collected simply slowest first, they ran one after
+another on one worker: xdist's load scheduler hands each worker a run of
+consecutive tests at the start (a quarter of its share), so the first
+worker took the five slowest, and on four H100s (2026-11-28) a shard whose
+tests summed to 167 s a worker was cut at 380 s with two of them not
+started. tools/device_check.sh runs pytest with --maxschedchunk 1, under
+which each worker gets XDIST_FIRST_CHUNK tests at the start and one at a
+time after; slow_first() puts one of the slowest tests at the head of
+each worker's first chunk.
 
 A run cut short by its time limit (TEST_TIMEOUT) leaves tests unfinished;
 --unfinished prints them, the tests of COLLECTED (`pytest --collect-only -q`
@@ -41,6 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "tests" / "gpu_test_seconds.tsv"
 SLOW_TABLE = ROOT / "tests" / "gpu_slow_tests.tsv"
 SLOW_SECONDS = 20.0
+# Tests pytest-xdist's load scheduler sends each worker at the start under
+# --maxschedchunk 1 (xdist 3.8: max(min(a quarter of its share, 1), 2)).
+XDIST_FIRST_CHUNK = 2
 
 
 def read_table(path: Path) -> dict[str, float]:
@@ -79,6 +90,23 @@ def read_slow_tests(path: Path) -> list[str]:
     """The test ids of a slow-test table, slowest first ('#' lines are notes)."""
     lines = path.read_text().splitlines() if path.is_file() else []
     return [line.split("\t")[1] for line in lines if line.strip() and not line.startswith("#")]
+
+
+def slow_first(ids: list[str], slow: list[str], workers: int) -> list[str]:
+    """`ids` (collection order) reordered for `workers` pytest-xdist workers
+    under --maxschedchunk 1: the head of each worker's first chunk one of the
+    `workers` slowest of `slow` (slowest first) that `ids` holds, the rest of
+    that chunk other tests; then the other slow tests, slowest first; then the
+    rest, in collection order."""
+    rank = {test: i for i, test in enumerate(slow)}
+    slow_here = sorted((t for t in ids if t in rank), key=rank.__getitem__)
+    rest = [t for t in ids if t not in rank]
+    fillers = XDIST_FIRST_CHUNK - 1
+    order = []
+    for i, test in enumerate(slow_here[:workers]):
+        order += [test] + rest[i * fillers : (i + 1) * fillers]
+    used = min(len(slow_here), workers) * fillers
+    return order + slow_here[workers:] + rest[used:]
 
 
 def unfinished(times: list[Path], collected: list[str]) -> list[str]:
