@@ -2,14 +2,16 @@
 WarpTiledFloat32): float32 products on its 128 x 128 blocks whose rows start on
 16-byte lines, HIGHEST's large products, run with the operand layouts
 compiled in, no bounds checks in the mainloop, and sums blocked every 256 of
-K with the totals in shared memory. Past the matrix's edge its quads read
-the last rows or columns inside again, and a K that is not whole slabs
-starts with zeros. The plans (no GPU needed); on a GPU, every layout against
-float64 at tile edges, short and ragged K and batched (and the operands off
-16-byte lines, which the kernel before it runs), special values in the first
-slab and in the last row and column (read again past the edge), bitwise the
-same run to run; jit, grad and vmap; no less accurate than jnp at HIGHEST
-over K of 4096 and 8192 on positive inputs."""
+K with the totals in shared memory; K in parts, a block each, where a model
+of the waves (SimtWaves) has them finish first. Past the matrix's edge its
+quads read the last rows or columns inside again, and a K that is not whole
+slabs starts with zeros (in the first part). The plans (no GPU needed); on a
+GPU, every layout against float64 at tile edges, short and ragged K, K in
+parts and batched (and the operands off 16-byte lines, which the kernel
+before it runs), special values in the first slab, across parts and in the
+last row and column (read again past the edge), bitwise the same run to run;
+jit, grad and vmap; no less accurate than jnp at HIGHEST over K of 4096 and
+8192 on positive inputs."""
 
 from __future__ import annotations
 
@@ -36,24 +38,29 @@ from jax_tiled import _ffi
 
 HIGHEST = lax.Precision.HIGHEST
 H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
-LARGE = (128, 128)  # warptile's blocks where they fill the GPU twice
+LARGE = (128, 128)  # warptile's blocks for the float32 mainloop
 
-# (batch, m, n, k), each on 128 x 128 blocks and on the float32 mainloop:
-# whole tiles and a K of whole slabs; tiles off both edges (m and n
-# multiples of 4, not of 128) with a K that ends half a slab in (its first
-# slab starts with 4 zeros); a batch; K of one half slab, of one slab and of
-# one partial sum (256: no slabs after it). Sums are blocked every 256 of K
-# (kSharedTotalsSumDepth): 1024 is four partials, 1004 three and 30 slabs
-# more, 260 one and one slab more.
+# (batch, m, n, k), each on 128 x 128 blocks and on the float32 mainloop, K
+# whole (on an H100): whole tiles (256 of them, one wave: 64 x 64 blocks
+# before the model of the waves) and a K of whole slabs; tiles off both
+# edges (m and n multiples of 4, not of 128) with a K that ends half a slab
+# in (its first slab starts with 4 zeros); a batch; K of one half slab, of
+# one slab and of one partial sum (256: no slabs after it). Sums are blocked
+# every 256 of K (kSharedTotalsSumDepth): 1024 is four partials, 1004 three
+# and 30 slabs more, 260 one and one slab more.
 PARTIAL_DEPTH = 256
-SHAPES = [
-    (1, 2304, 2048, 1024),
-    (1, 2308, 2052, 1004),
+WHOLE_K = [
+    (1, 4096, 1024, 1024),
+    (1, 3332, 2052, 1004),
     (2, 1540, 1284, 260),
     (1, 2304, 2048, 4),
     (1, 2304, 2048, 8),
     (1, 2304, 2048, PARTIAL_DEPTH),
 ]
+# K in parts (on an H100): 2 of 504 and 500 (the first from 4 zeros) on 17 x
+# 17 tiles off both edges; 13 on 5 x 4 tiles, and 6 on a batch of 2 of them.
+IN_PARTS = {(1, 2308, 2052, 1004): 2, (1, 516, 388, 8196): 13, (2, 516, 388, 4100): 6}
+SHAPES = WHOLE_K + list(IN_PARTS)
 # Rows off 16-byte lines (n and K odd): the kernel before it runs these.
 OFF_LINES = (1, 2304, 2051, 1001)
 
@@ -62,18 +69,72 @@ OFF_LINES = (1, 2304, 2051, 1001)
 @pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)
 def test_the_shapes_run_on_large_blocks(shape):
     found = highest_plan("warptile", shape, **H100)
-    assert (found.block_m, found.block_n) == LARGE and found.split_groups == 1, found
+    assert (found.block_m, found.block_n) == LARGE, found
+    assert found.split_groups == IN_PARTS.get(shape, 1), found
+
+
+@needs_cuda_module
+def test_the_model_of_the_waves_takes_large_blocks_with_parts():
+    """The user shapes (M x K x N) that 64 x 64 blocks ran at 0.6-0.67x jnp at
+    HIGHEST on an H100 take the 128 x 128 blocks, K in parts where their
+    tiles make less than a wave (or a wave and a little); the parts are at
+    least 256 deep and their blocks at most 8 waves. N of 64 keeps the 64 x
+    64 blocks (a 128-wide block would be half padding), and so do products
+    the mainloop does not run: rows off 16-byte lines, 16-bit inputs."""
+    sms = _ffi.H100_MULTIPROCESSORS
+    for m, k, n in [(2048, 2048, 2048), (1024, 1024, 1024), (1000, 800, 1200)]:
+        found = highest_plan("warptile", (1, m, n, k), **H100)
+        assert (found.block_m, found.block_n) == LARGE, (m, k, n, found)
+    for m, k, n in [
+        (2304, 8192, 2048),
+        (1536, 4096, 1536),
+        (4096, 4096, 128),
+        (128, 4096, 4096),
+        (512, 8192, 512),
+        (256, 65536, 256),
+        (1024, 32768, 1024),
+    ]:
+        found = highest_plan("warptile", (1, m, n, k), **H100)
+        assert (found.block_m, found.block_n) == LARGE, (m, k, n, found)
+        tiles = -(-m // 128) * -(-n // 128)
+        parts = found.split_groups
+        assert parts > 1 and k // parts >= PARTIAL_DEPTH, (m, k, n, found)
+        assert tiles * parts <= 8 * 2 * sms + tiles, (m, k, n, found)
+        assert "model of the waves" in found.text, found
+    assert highest_plan("warptile", (1, 16384, 64, 4096), **H100).block_m == 64
+    assert highest_plan("warptile", (1, 2048, 2046, 2048), **H100).block_m == 64
+    bf16 = highest_plan("warptile", (1, 2048, 2048, 2048), "bfloat16", "float32", **H100)
+    assert bf16.block_m == 64, bf16
+
+
+@needs_cuda_module
+def test_auto_runs_the_model_s_choice():
+    """auto runs warptile where its plan takes the 128 x 128 blocks, and says
+    why; pipelined's own plan keeps the 64 x 64 blocks there."""
+    S = jax.ShapeDtypeStruct
+    found = jax_tiled.explain(
+        S((512, 8192), jnp.float32), S((8192, 512), jnp.float32), precision="highest", backend="gpu"
+    )
+    assert found.kernel == "warptile" and "model of the waves" in found.reason, found
+    assert "K split in" in found.plan, found
+    assert highest_plan("pipelined", (1, 512, 512, 8192), **H100).block_m == 64
 
 
 @needs_cuda_module
 def test_the_sanitizers_run_the_float32_mainloop():
-    """tests/scripts/sanitizer_cases.py's aligned large case takes the large
-    blocks, off both edges, over more than two partial sums of K."""
-    m, k, n = load_repository_module("tests/scripts/sanitizer_cases.py").LARGE_ALIGNED_SHAPE
+    """tests/scripts/sanitizer_cases.py's aligned large cases take the large
+    blocks, off both edges: one over more than two partial sums of K, one
+    with K in parts."""
+    cases = load_repository_module("tests/scripts/sanitizer_cases.py")
+    m, k, n = cases.LARGE_ALIGNED_SHAPE
     found = highest_plan("warptile", (1, m, n, k), **H100)
     assert (found.block_m, found.block_n) == LARGE and found.split_groups == 1, found
     assert m % LARGE[0] and n % LARGE[1] and m % 4 == n % 4 == k % 4 == 0
     assert k > 2 * PARTIAL_DEPTH
+    m, k, n = cases.LARGE_PARTS_SHAPE
+    found = highest_plan("warptile", (1, m, n, k), **H100)
+    assert (found.block_m, found.block_n) == LARGE and found.split_groups > 1, found
+    assert m % LARGE[0] and n % LARGE[1] and k % 8
 
 
 @pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)
@@ -88,7 +149,7 @@ def test_every_layout_against_float64(rng, shape):
             assert_matmul_close(out, a_op, b_op, platform="cuda", precision=HIGHEST)
 
 
-@pytest.mark.parametrize("shape", SHAPES[:3], ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:3] + list(IN_PARTS)[:1], ids=str)
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 def test_bitwise_the_same_run_to_run(rng, shape):
@@ -103,11 +164,13 @@ def test_bitwise_the_same_run_to_run(rng, shape):
 
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
-def test_special_values_in_the_first_slab(rng):
+@pytest.mark.parametrize("shape", [WHOLE_K[1], next(iter(IN_PARTS))], ids=str)
+def test_special_values_in_the_first_slab(rng, shape):
     """K = 1004: the first slab is 4 zeros and K's first 4 elements, so row 1's
-    NaN at K's start is in it; inf at K's end, inf - inf across K."""
-    m, n, k = 2308, 2052, 1004
-    assert highest_plan("warptile", (1, m, n, k), **H100).block_m == LARGE[0]
+    NaN at K's start is in it; inf at K's end, inf - inf across K (so across
+    the parts, where K is in parts)."""
+    _, m, n, k = shape
+    assert highest_plan("warptile", shape, **H100).block_m == LARGE[0]
     assert_special_values_across_k(rng, m, n, k, kernel="warptile")
 
 

@@ -107,13 +107,18 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     return choose(smem16, [] {
       return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding";
     });
-  // warptile's planner takes 128 x 128 blocks once they fill every SM twice.
+  // warptile's planner takes 128 x 128 blocks once they fill every SM twice,
+  // and for its float32 mainloop where a model of the waves has them first.
   const std::string sms = std::to_string(device.multiprocessors);
-  if (warptile.plan(p, device).block_m == 128)
+  if (const LaunchPlan large = warptile.plan(p, device); large.block_m == 128)
     return choose(warptile, [&] {
-      return "128 x 128 blocks of 8 warps fill the " + sms +
-             " SMs at least twice; there the "
-             "register-staged copies beat pipelined's cp.async";
+      return std::string(large.why_this_width
+                             ? "128 x 128 blocks of 8 warps on float32's own mainloop, K in "
+                               "parts where it pays: a model of the waves has them finish "
+                               "before 64 x 64 blocks would"
+                             : "128 x 128 blocks of 8 warps fill the " + sms +
+                                   " SMs at least twice") +
+             "; there the register-staged copies beat pipelined's cp.async";
     });
   const auto small = [&] {
     return "64 x 64 blocks of 2 warps, since 128 x 128 blocks would not fill the " + sms +

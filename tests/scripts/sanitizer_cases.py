@@ -47,6 +47,9 @@ LARGE_SHAPE = (1025, 41, 4100)  # 9 x 33 blocks of 128 x 128: enough to fill 132
 # (totals added twice in shared memory, a partial sum being 32 slabs, then
 # the rest).
 LARGE_ALIGNED_SHAPE = (1028, 556, 4100)
+# The float32 mainloop with K in 13 parts (20 tiles, off both edges, on an
+# H100), part 0 from 4 zeros.
+LARGE_PARTS_SHAPE = (516, 8196, 388)
 # More than one tile per SM for the persistent wgmma grid, on 132 SMs: 5 x 22
 # pairs of 128 x 192 tiles (2 waves of 66 clusters, as 128 x 256 tiles' 5 x 17
 # would take: WgmmaEndsSooner), the last column 72 wide; and 9 x 12 pairs of
@@ -89,6 +92,7 @@ def run_kernel(kernel: str) -> None:
     cases = [(shape, dtype, dtype) for shape in SHAPES for dtype in DTYPES] + [
         (LARGE_SHAPE, np.float32, np.float32),
         (LARGE_ALIGNED_SHAPE, np.float32, np.float32),
+        (LARGE_PARTS_SHAPE, np.float32, np.float32),
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, jnp.bfloat16),
         # 16-bit inputs into float32: the Hopper kernel's wider staged output.
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, np.float32),

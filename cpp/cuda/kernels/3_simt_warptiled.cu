@@ -6,10 +6,6 @@
 namespace jax_tiled::cuda {
 namespace {
 
-LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
-}
-
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
                    const LaunchContext& context) {
   return VisitStorage<kTakesEveryFloat>(p, [&](auto in, auto result) {
@@ -30,7 +26,7 @@ cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
 
 }  // namespace
 
-extern const KernelDescriptor kSimtWarpTiled{names::kWarptile, true, kTakesEveryFloat,
-                                             nullptr,          Plan, Launch};
+extern const KernelDescriptor kSimtWarpTiled{names::kWarptile, true,         kTakesEveryFloat,
+                                             nullptr,          WarpTilePlan, Launch};
 
 }  // namespace jax_tiled::cuda

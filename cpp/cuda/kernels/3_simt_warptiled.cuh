@@ -416,8 +416,12 @@ struct Fragments {
 template <class Cfg>
 using Float32Totals = SharedTotals<Cfg::kThreads, 8, 8>;
 
-// One block a tile, over a 1-D grid in TileOrder (counted in 32 bits:
-// Float32LayoutsTake). The slabs go through two shared buffers, the next
+// One block a tile and part of K: x runs over the tiles in TileOrder
+// (counted in 32 bits: Float32LayoutsTake), y over the parts of K
+// (k_parts.cuh; one where K is whole). The parts split K's slabs counted
+// from its end, as the loop below runs them: part p runs slabs p * depth /
+// kSlab on, so only part 0 holds the slab that starts before element 0, and
+// every part but the last is parts.depth deep. The slabs go through two shared buffers, the next
 // slab's quads staged in registers while the current one's FMAs run, as in
 // WarpTiledMatmul; besides, each k's fragments are read from shared memory
 // during the k before (two sets of Fragments), and the next slab's stores and
@@ -426,7 +430,7 @@ using Float32Totals = SharedTotals<Cfg::kThreads, 8, 8>;
 template <class Cfg, bool kAKContiguous, bool kBKContiguous>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WarpTiledFloat32(MatmulDims dims, const float* __restrict__ a, const float* __restrict__ b,
-                     float* __restrict__ out) {
+                     float* __restrict__ out, KParts parts) {
   using LoaderA = SteppedQuadLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, kAKContiguous>;
   using LoaderB = SteppedQuadLoader<Cfg::kBlockN, Cfg::kSlab, Cfg::kThreads, kBKContiguous>;
   static_assert(kSharedTotalsSumDepth % Cfg::kSlab == 0, "a partial sum is whole slabs");
@@ -439,11 +443,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const TileOrder<Cfg::kBlockM, Cfg::kBlockN, int> order(dims);
   const ThreadTile thread_tile(Cfg::kWarpsN);
   float acc[8][8] = {};  // the partial sums
-  const int slabs = static_cast<int>((dims.k + Cfg::kSlab - 1) / Cfg::kSlab);
+  const int all_slabs = static_cast<int>((dims.k + Cfg::kSlab - 1) / Cfg::kSlab);
+  const int part = static_cast<int>(blockIdx.y);
+  const int slabs_per_part =
+      parts.count == 1 ? all_slabs : static_cast<int>(parts.depth / Cfg::kSlab);
+  const int first_slab = part * slabs_per_part;
+  const int slabs = min(slabs_per_part, all_slabs - first_slab);
   if (slabs > 0) {
     int batch, row0, col0;
     order.Locate(static_cast<int>(blockIdx.x), batch, row0, col0);
-    const int64_t k0 = dims.k - int64_t{slabs} * Cfg::kSlab;
+    // Where this part's first slab starts: before element 0 in part 0 only.
+    const int64_t k0 = dims.k - int64_t{all_slabs - first_slab} * Cfg::kSlab;
     LoaderA load_a(a + batch * dims.a_batch_stride, dims.lda, row0, dims.m, k0);
     LoaderB load_b(b + batch * dims.b_batch_stride, dims.ldb, col0, dims.n, k0);
     load_a.FetchFirst(k0);
@@ -503,7 +513,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // The tile's place found again, not kept through the mainloop's registers.
   int batch, row0, col0;
   order.Locate(static_cast<int>(blockIdx.x), batch, row0, col0);
-  StoreThreadTile(acc, thread_tile, out + batch * dims.out_batch_stride, dims, row0, col0);
+  StoreThreadTile(acc, thread_tile, out + part * parts.slot_stride + batch * dims.out_batch_stride,
+                  dims, row0, col0);
 }
 
 // Whether WarpTiledFloat32 runs this product: every quad one aligned 16-byte
@@ -523,14 +534,15 @@ bool Float32LayoutsTake(const MatmulDims& dims, bool a_vector_ok, bool b_vector_
 
 template <class Cfg>
 cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const float* b,
-                                   float* out, const LaunchContext& context) {
+                                   float* out, const KParts& parts, const LaunchContext& context) {
   const auto launch = [&](auto a_k_contiguous, auto b_k_contiguous) {
     constexpr auto kKernel =
         &WarpTiledFloat32<Cfg, decltype(a_k_contiguous)::value, decltype(b_k_contiguous)::value>;
     constexpr int kBytes = Float32Totals<Cfg>::kBytes;
     if (const cudaError_t err = AllowSharedMemory<kKernel>(kBytes); err != cudaSuccess) return err;
     const TileOrder<Cfg::kBlockM, Cfg::kBlockN, int> order(dims);
-    kKernel<<<order.Grid(), Cfg::kThreads, kBytes, context.stream>>>(dims, a, b, out);
+    const dim3 grid(order.Grid().x, static_cast<unsigned>(parts.count));
+    kKernel<<<grid, Cfg::kThreads, kBytes, context.stream>>>(dims, a, b, out, parts);
     return cudaGetLastError();
   };
   using Yes = std::true_type;
@@ -568,8 +580,11 @@ cudaError_t LaunchWarpTiledWith(const LaunchPlan& plan, const MatmulDims& dims, 
   const bool b_vector_ok = QuadAligned(b, dims.ldb, dims.b_batch_stride);
   if constexpr (Cfg::kFloat32Layouts && std::is_same_v<In, float> && std::is_same_v<Out, float> &&
                 std::is_same_v<Acc, float>)
-    if (plan.split_groups == 1 && Float32LayoutsTake<Cfg>(dims, a_vector_ok, b_vector_ok))
-      return LaunchWarpTiledFloat32<Cfg>(dims, a, b, out, context);
+    if (Float32LayoutsTake<Cfg>(dims, a_vector_ok, b_vector_ok))
+      return LaunchInKParts<float, Cfg::kSlab, true>(
+          plan, dims, out, context, [&](const MatmulDims& to, float* sums, const KParts& parts) {
+            return LaunchWarpTiledFloat32<Cfg>(to, a, b, sums, parts, context);
+          });
   return LaunchInKParts<Acc, Cfg::kSlab, Cfg::template kPartsOfK<Acc>>(
       plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
         dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);
@@ -623,6 +638,100 @@ LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
       return SimtPlanInParts<Thin>(p, device);
   if (WarpTileUsesLargeBlocks(p.dims, device.multiprocessors)) return PlanOf<Large>();
   return SimtPlanInParts<Small>(p, device);
+}
+
+// A model of the SIMT blocks' time, in slabs of a 128 x 128 float32 block
+// on an SM that holds two (1.46 us on an H100), for warptile's choice below.
+// Its figures are an H100's (2026-11-28, NOTES.md "warptile's float32
+// blocks with K in parts"):
+// - blocks run in waves of kMinBlocks an SM; an SM given fewer in the last
+//   wave runs them faster, but no faster than kLastWaveFloor of a wave
+//   (2304 x 8192 x 2048: 288 blocks of 128 x 128 in 264 places took 1.6
+//   waves' time);
+// - a block costs kBlockStartAndStore slabs besides its own (8192 x 128 x
+//   8192, 16 slabs a block, took 20 a wave);
+// - a slab of a 64 x 64 block, four an SM, takes kSmallSlab of a large
+//   block's (their FLOP rates at 2048^3 and 4096^3);
+// - parts of K cost their sums' trip through scratch, 8 bytes an element a
+//   part at 2.5 TB/s (kScratchElementsPerSlab), and the second kernel's
+//   launch (kAddKPartsSlabs).
+struct SimtWaves {
+  static constexpr double kLastWaveFloor = 0.6, kBlockStartAndStore = 4, kSmallSlab = 0.72;
+  static constexpr double kScratchElementsPerSlab = 450000, kAddKPartsSlabs = 2;
+  int multiprocessors;
+
+  // `blocks` blocks of `slabs` slabs, `per_sm` resident an SM, each slab
+  // `slab_time`.
+  double Blocks(int64_t blocks, int per_sm, int64_t slabs, double slab_time) const {
+    const int64_t wave = int64_t{per_sm} * multiprocessors;
+    double waves = static_cast<double>(blocks / wave);
+    if (const int64_t last = blocks % wave) {
+      const int64_t busiest = (last + multiprocessors - 1) / multiprocessors;
+      waves += std::max(static_cast<double>(busiest) / per_sm, kLastWaveFloor);
+    }
+    return waves * (static_cast<double>(slabs) + kBlockStartAndStore) * slab_time;
+  }
+  // A plan of `Cfg`'s blocks with K in `parts`.
+  template <class Cfg>
+  double Plan(const MatmulDims& dims, const KParts& parts, double slab_time) const {
+    const int64_t tiles = WarpTileBlocks(dims, Cfg::kBlockM, Cfg::kBlockN);
+    const int64_t slabs = (parts.count == 1 ? dims.k : parts.depth + Cfg::kSlab - 1) / Cfg::kSlab;
+    const double scratch = parts.count == 1
+                               ? 0.0
+                               : static_cast<double>(parts.count * dims.batch * dims.m * dims.n) /
+                                         kScratchElementsPerSlab +
+                                     kAddKPartsSlabs;
+    return Blocks(tiles * parts.count, Cfg::kMinBlocks, slabs, slab_time) + scratch;
+  }
+};
+
+// Whether WarpTiledFloat32 will run the product (before buffers exist, as
+// Product says, any pointer is taken as aligned).
+template <class Cfg>
+bool RunsFloat32Mainloop(const Product& p) {
+  const auto aligned = [](const void* x, int64_t ld, int64_t batch_stride) {
+    return x == nullptr ? ld % 4 == 0 && batch_stride % 4 == 0
+                        : QuadAligned(static_cast<const float*>(x), ld, batch_stride);
+  };
+  return Cfg::kFloat32Layouts && p.in_type == Dtype::kF32 && p.out_type == Dtype::kF32 &&
+         Float32LayoutsTake<Cfg>(p.dims, aligned(p.a, p.dims.lda, p.dims.a_batch_stride),
+                                 aligned(p.b, p.dims.ldb, p.dims.b_batch_stride));
+}
+
+// warptile's plan: SimtPlan's, but for the float32 products WarpTiledFloat32
+// runs, whose mainloop computes about 1.4 times the FLOPs a second that the
+// 64 x 64 blocks do: those take the 128 x 128 blocks with K in as many parts
+// (1 included) as SimtWaves says finish first, also where SimtPlan gives
+// 64 x 64 blocks and SimtWaves has the 128 x 128 ones ahead of them. The
+// parts are at least kMinKPartDepth deep, and at most so many that their
+// blocks make 8 waves.
+inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
+  using Large = WarpTileLarge;
+  LaunchPlan plan = SimtPlan<Large, WarpTileSmall, WarpTileThin>(p, device);
+  if (plan.block_m < WarpTileSmall::kBlockM || !RunsFloat32Mainloop<Large>(p)) return plan;
+  const SimtWaves waves{device.multiprocessors};
+  const MatmulDims& d = p.dims;
+  const int64_t tiles = WarpTileBlocks(d, Large::kBlockM, Large::kBlockN);
+  const int64_t most = std::min<int64_t>(
+      {d.k / kMinKPartDepth, (8 * Large::kMinBlocks * device.multiprocessors + tiles - 1) / tiles,
+       65535});
+  KParts best = KPartsOf(d.k, 1, Large::kSlab);
+  double best_time = waves.Plan<Large>(d, best, 1.0);
+  for (int64_t wanted = 2; wanted <= most; ++wanted) {
+    const KParts parts = KPartsOf(d.k, wanted, Large::kSlab);
+    if (const double time = waves.Plan<Large>(d, parts, 1.0); time < best_time)
+      best = parts, best_time = time;
+  }
+  const bool large_already = plan.block_m == Large::kBlockM;
+  if (!large_already && best_time >= waves.Plan<WarpTileSmall>(
+                                         d, KPartsOf(d.k, plan.split_groups, WarpTileSmall::kSlab),
+                                         SimtWaves::kSmallSlab))
+    return plan;
+  plan = PlanOf<Large>();
+  plan.split_groups = static_cast<int>(best.count);
+  if (!large_already || best.count > 1)
+    plan.why_this_width = "float32's own mainloop, width and K's parts by a model of the waves";
+  return plan;
 }
 
 }  // namespace jax_tiled::cuda
