@@ -2,8 +2,9 @@
 WarpTiledFloat32): float32 products on its 128 x 128 blocks whose rows start on
 16-byte lines, HIGHEST's large products, run with the operand layouts
 compiled in, no bounds checks in the mainloop, and sums blocked every 256 of
-K with the totals in shared memory; K in parts, a block each, where a model
-of the waves (SimtWaves) has them finish first. Past the matrix's edge its
+K with the totals in shared memory; K in parts, a block each, and 64 x 128
+blocks for few rows, where a model of the waves (SimtWaves) has them finish
+first. Past the matrix's edge its
 quads read the last rows or columns inside again, and a K that is not whole
 slabs starts with zeros (in the first part). The plans (no GPU needed); on a
 GPU, every layout against float64 at tile edges, short and ragged K, K in
@@ -61,6 +62,9 @@ WHOLE_K = [
 # 17 tiles off both edges; 13 on 5 x 4 tiles, and 6 on a batch of 2 of them.
 IN_PARTS = {(1, 2308, 2052, 1004): 2, (1, 516, 388, 8196): 13, (2, 516, 388, 4100): 6}
 SHAPES = WHOLE_K + list(IN_PARTS)
+# Products of 64 rows (on an H100): the mainloop's 64 x 128 blocks, off the
+# edge along N, K ragged and in 2 parts; a batch of 2.
+NARROW = {(1, 64, 16388, 1004): (64, 128), (2, 64, 8196, 1004): (64, 128)}
 # Rows off 16-byte lines (n and K odd): the kernel before it runs these.
 OFF_LINES = (1, 2304, 2051, 1001)
 
@@ -74,13 +78,23 @@ def test_the_shapes_run_on_large_blocks(shape):
 
 
 @needs_cuda_module
+@pytest.mark.parametrize("shape", NARROW, ids=str)
+def test_products_64_wide_run_on_narrow_blocks(shape):
+    found = highest_plan("warptile", shape, **H100)
+    assert (found.block_m, found.block_n) == NARROW[shape], found
+    assert found.split_groups > 1 and "model of the waves" in found.text, found
+
+
+@needs_cuda_module
 def test_the_model_of_the_waves_takes_large_blocks_with_parts():
     """The user shapes (M x K x N) that 64 x 64 blocks ran at 0.6-0.67x jnp at
     HIGHEST on an H100 take the 128 x 128 blocks, K in parts where their
     tiles make less than a wave (or a wave and a little); the parts are at
-    least 256 deep and their blocks at most 8 waves. N of 64 keeps the 64 x
-    64 blocks (a 128-wide block would be half padding), and so do products
-    the mainloop does not run: rows off 16-byte lines, 16-bit inputs."""
+    least 256 deep and their blocks at most 8 waves. 64 rows take its 64 x 128
+    blocks; N of 64 keeps the 64 x 64 blocks (a 128-wide block would be half
+    padding, and the mainloop's 128 x 64 ones are not built), and so do
+    products the mainloop does not run: rows off 16-byte lines, 16-bit
+    inputs."""
     sms = _ffi.H100_MULTIPROCESSORS
     for m, k, n in [(2048, 2048, 2048), (1024, 1024, 1024), (1000, 800, 1200)]:
         found = highest_plan("warptile", (1, m, n, k), **H100)
@@ -101,7 +115,10 @@ def test_the_model_of_the_waves_takes_large_blocks_with_parts():
         assert parts > 1 and k // parts >= PARTIAL_DEPTH, (m, k, n, found)
         assert tiles * parts <= 8 * 2 * sms + tiles, (m, k, n, found)
         assert "model of the waves" in found.text, found
-    assert highest_plan("warptile", (1, 16384, 64, 4096), **H100).block_m == 64
+    narrow = {(16384, 4096, 64): (64, 64), (64, 4096, 14336): (64, 128)}
+    for (m, k, n), blocks in narrow.items():
+        found = highest_plan("warptile", (1, m, n, k), **H100)
+        assert (found.block_m, found.block_n) == blocks, (m, k, n, found)
     assert highest_plan("warptile", (1, 2048, 2046, 2048), **H100).block_m == 64
     bf16 = highest_plan("warptile", (1, 2048, 2048, 2048), "bfloat16", "float32", **H100)
     assert bf16.block_m == 64, bf16
@@ -118,6 +135,14 @@ def test_auto_runs_the_model_s_choice():
     assert found.kernel == "warptile" and "model of the waves" in found.reason, found
     assert "K split in" in found.plan, found
     assert highest_plan("pipelined", (1, 512, 512, 8192), **H100).block_m == 64
+    few_rows = jax_tiled.explain(
+        S((64, 4096), jnp.float32),
+        S((4096, 14336), jnp.float32),
+        precision="highest",
+        backend="gpu",
+    )
+    assert few_rows.kernel == "warptile", few_rows
+    assert few_rows.reason.startswith("64 x 128 blocks on float32's own mainloop"), few_rows
 
 
 @needs_cuda_module
@@ -135,9 +160,12 @@ def test_the_sanitizers_run_the_float32_mainloop():
     found = highest_plan("warptile", (1, m, n, k), **H100)
     assert (found.block_m, found.block_n) == LARGE and found.split_groups > 1, found
     assert m % LARGE[0] and n % LARGE[1] and k % 8
+    m, k, n = cases.NARROW_SHAPE
+    found = highest_plan("warptile", (1, m, n, k), **H100)
+    assert (found.block_m, found.block_n) == (64, 128) and found.split_groups > 1, found
 
 
-@pytest.mark.parametrize("shape", SHAPES + [OFF_LINES], ids=str)
+@pytest.mark.parametrize("shape", SHAPES + list(NARROW) + [OFF_LINES], ids=str)
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 def test_every_layout_against_float64(rng, shape):
@@ -149,7 +177,7 @@ def test_every_layout_against_float64(rng, shape):
             assert_matmul_close(out, a_op, b_op, platform="cuda", precision=HIGHEST)
 
 
-@pytest.mark.parametrize("shape", SHAPES[:3] + list(IN_PARTS)[:1], ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:3] + list(IN_PARTS)[:1] + list(NARROW)[:2], ids=str)
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 def test_bitwise_the_same_run_to_run(rng, shape):
@@ -164,13 +192,14 @@ def test_bitwise_the_same_run_to_run(rng, shape):
 
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [WHOLE_K[1], next(iter(IN_PARTS))], ids=str)
+@pytest.mark.parametrize("shape", [WHOLE_K[1], next(iter(IN_PARTS)), *list(NARROW)[:2]], ids=str)
 def test_special_values_in_the_first_slab(rng, shape):
     """K = 1004: the first slab is 4 zeros and K's first 4 elements, so row 1's
     NaN at K's start is in it; inf at K's end, inf - inf across K (so across
     the parts, where K is in parts)."""
     _, m, n, k = shape
-    assert highest_plan("warptile", shape, **H100).block_m == LARGE[0]
+    found = highest_plan("warptile", shape, **H100)
+    assert (found.block_m, found.block_n) in {LARGE, *NARROW.values()}, found
     assert_special_values_across_k(rng, m, n, k, kernel="warptile")
 
 

@@ -108,16 +108,18 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
       return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding";
     });
   // warptile's planner takes 128 x 128 blocks once they fill every SM twice,
-  // and for its float32 mainloop where a model of the waves has them first.
+  // and its float32 mainloop's blocks where a model of the waves (its plan's
+  // why_this_width) has them first; else 64 x 64 blocks, which pipelined
+  // runs faster.
   const std::string sms = std::to_string(device.multiprocessors);
-  if (const LaunchPlan large = warptile.plan(p, device); large.block_m == 128)
+  if (const LaunchPlan own = warptile.plan(p, device); own.block_m != 64 || own.block_n != 64)
     return choose(warptile, [&] {
-      return std::string(large.why_this_width
-                             ? "128 x 128 blocks of 8 warps on float32's own mainloop, K in "
-                               "parts where it pays: a model of the waves has them finish "
-                               "before 64 x 64 blocks would"
-                             : "128 x 128 blocks of 8 warps fill the " + sms +
-                                   " SMs at least twice") +
+      return (own.why_this_width
+                  ? std::to_string(own.block_m) + " x " + std::to_string(own.block_n) +
+                        " blocks on float32's own mainloop, K in parts where it "
+                        "pays: a model of the waves has them finish before 64 x "
+                        "64 blocks would"
+                  : "128 x 128 blocks of 8 warps fill the " + sms + " SMs at least twice") +
              "; there the register-staged copies beat pipelined's cp.async";
     });
   const auto small = [&] {

@@ -50,6 +50,8 @@ LARGE_ALIGNED_SHAPE = (1028, 556, 4100)
 # The float32 mainloop with K in 13 parts (20 tiles, off both edges, on an
 # H100), part 0 from 4 zeros.
 LARGE_PARTS_SHAPE = (516, 8196, 388)
+# Its 64 x 128 blocks (64 rows; K in 3 parts).
+NARROW_SHAPE = (64, 1004, 4100)
 # More than one tile per SM for the persistent wgmma grid, on 132 SMs: 5 x 22
 # pairs of 128 x 192 tiles (2 waves of 66 clusters, as 128 x 256 tiles' 5 x 17
 # would take: WgmmaEndsSooner), the last column 72 wide; and 9 x 12 pairs of
@@ -93,6 +95,7 @@ def run_kernel(kernel: str) -> None:
         (LARGE_SHAPE, np.float32, np.float32),
         (LARGE_ALIGNED_SHAPE, np.float32, np.float32),
         (LARGE_PARTS_SHAPE, np.float32, np.float32),
+        (NARROW_SHAPE, np.float32, np.float32),
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, jnp.bfloat16),
         # 16-bit inputs into float32: the Hopper kernel's wider staged output.
         (LARGE_SIXTEEN_BIT_SHAPE, jnp.bfloat16, np.float32),

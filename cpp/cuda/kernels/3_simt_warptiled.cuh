@@ -22,7 +22,9 @@
 // (HIGHEST's large products) run WarpTiledFloat32: the same blocks, warps
 // and slabs, with the operand layouts compiled in, no bounds checks in the
 // mainloop, and sums blocked every kSharedTotalsSumDepth of K with the
-// totals in shared memory (this kernel has no registers for them).
+// totals in shared memory (this kernel has no registers for them); K in
+// parts, and 64 x 128 blocks for few rows, where a model of the waves
+// (SimtWaves) has them finish first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
@@ -45,16 +48,21 @@ namespace jax_tiled::cuda {
 // (the other one is chosen where its tiles fill the GPU); the others compile
 // without it.
 //
-// kFloat32Layouts: float32 products whose rows start on 16-byte lines run a
-// mainloop of their own (WarpTiledFloat32 below), compiled once per operand
-// layout; the configuration that runs the large float32 products at HIGHEST
-// takes it.
+// Float32Mainloop: whether float32 products whose rows start on 16-byte
+// lines run a mainloop of their own (WarpTiledFloat32 below, compiled once
+// per operand layout): kNo; kToo, beside the kernel for every product (the
+// 128 x 128 blocks); kOnly, a configuration for that mainloop alone, for
+// which the planner plans no other product and the kernel for every product
+// is not compiled.
+enum class Float32Mainloop { kNo, kToo, kOnly };
+
 template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_, bool kSplitsK_ = false,
-          bool kFloat32Layouts_ = false>
+          Float32Mainloop kFloat32Mainloop = Float32Mainloop::kNo>
 struct WarpTileConfig {
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kSlab = kSlab_;
   static constexpr int kMinBlocks = kMinBlocks_;
-  static constexpr bool kFloat32Layouts = kFloat32Layouts_;
+  static constexpr bool kFloat32Layouts = kFloat32Mainloop != Float32Mainloop::kNo;
+  static constexpr bool kFloat32Only = kFloat32Mainloop == Float32Mainloop::kOnly;
   template <class Acc>
   static constexpr bool kPartsOfK = kSplitsK_ && sizeof(Acc) == 4;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -558,7 +566,14 @@ cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const
 // 32 x 128 blocks of 1 x 2 warps for products of at most 32 rows (a decode
 // step's M): a 64-row block computes two to four times the rows it writes
 // there, and B, read once for all rows, is what the product costs.
-using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, true>;
+// 64 x 128 blocks of 2 x 2 warps, on the float32 mainloop only: for
+// products of at most 64 rows, which a 128-row block would half pad or
+// more (WarpTilePlan chooses). Three an SM: at four (128 registers) their third
+// staged quad a thread spilled 180-200 bytes in most layouts (ptxas). Their
+// mirror, 128 x 64 blocks of 4 x 1 warps, ran 30% slower than the model
+// had them (NOTES.md) and is not built.
+using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, Float32Mainloop::kToo>;
+using WarpTileWide = WarpTileConfig<2, 2, 8, 3, false, Float32Mainloop::kOnly>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
 using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true>;
 
@@ -585,15 +600,18 @@ cudaError_t LaunchWarpTiledWith(const LaunchPlan& plan, const MatmulDims& dims, 
           plan, dims, out, context, [&](const MatmulDims& to, float* sums, const KParts& parts) {
             return LaunchWarpTiledFloat32<Cfg>(to, a, b, sums, parts, context);
           });
-  return LaunchInKParts<Acc, Cfg::kSlab, Cfg::template kPartsOfK<Acc>>(
-      plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
-        dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);
-        grid.z = static_cast<unsigned>(std::min<int64_t>(to.batch * parts.count, 65535));
-        WarpTiledMatmul<Cfg, In, std::remove_pointer_t<decltype(sums)>, Acc>
-            <<<grid, Cfg::kThreads, 0, context.stream>>>(to, a, b, sums, a_vector_ok, b_vector_ok,
-                                                         parts);
-        return cudaGetLastError();
-      });
+  // The planner gives these blocks only to products the float32 mainloop runs.
+  if constexpr (Cfg::kFloat32Only) return cudaErrorInvalidValue;
+  else
+    return LaunchInKParts<Acc, Cfg::kSlab, Cfg::template kPartsOfK<Acc>>(
+        plan, dims, out, context, [&](const MatmulDims& to, auto* sums, const KParts& parts) {
+          dim3 grid = OutputTileGrid(to, Cfg::kBlockM, Cfg::kBlockN);
+          grid.z = static_cast<unsigned>(std::min<int64_t>(to.batch * parts.count, 65535));
+          WarpTiledMatmul<Cfg, In, std::remove_pointer_t<decltype(sums)>, Acc>
+              <<<grid, Cfg::kThreads, 0, context.stream>>>(to, a, b, sums, a_vector_ok, b_vector_ok,
+                                                           parts);
+          return cudaGetLastError();
+        });
 }
 
 inline int64_t WarpTileBlocks(const MatmulDims& dims, int block_m, int block_n) {
@@ -651,12 +669,16 @@ LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
 // - a block costs kBlockStartAndStore slabs besides its own (8192 x 128 x
 //   8192, 16 slabs a block, took 20 a wave);
 // - a slab of a 64 x 64 block, four an SM, takes kSmallSlab of a large
-//   block's (their FLOP rates at 2048^3 and 4096^3);
+//   block's (their FLOP rates at 2048^3 and 4096^3); one of a 64 x 128
+//   block, three an SM, kWideSlab (64 x 4096 x 14336: 0.217 ms, where the
+//   large blocks' FLOP rate, 0.75, predicted 0.195), and those blocks are
+//   taken only kNarrowMargin ahead, their figure being one product's;
 // - parts of K cost their sums' trip through scratch, 8 bytes an element a
 //   part at 2.5 TB/s (kScratchElementsPerSlab), and the second kernel's
 //   launch (kAddKPartsSlabs).
 struct SimtWaves {
   static constexpr double kLastWaveFloor = 0.6, kBlockStartAndStore = 4, kSmallSlab = 0.72;
+  static constexpr double kWideSlab = 0.835, kNarrowMargin = 0.9;
   static constexpr double kScratchElementsPerSlab = 450000, kAddKPartsSlabs = 2;
   int multiprocessors;
 
@@ -698,40 +720,53 @@ bool RunsFloat32Mainloop(const Product& p) {
                                  aligned(p.b, p.dims.ldb, p.dims.b_batch_stride));
 }
 
-// warptile's plan: SimtPlan's, but for the float32 products WarpTiledFloat32
-// runs, whose mainloop computes about 1.4 times the FLOPs a second that the
-// 64 x 64 blocks do: those take the 128 x 128 blocks with K in as many parts
-// (1 included) as SimtWaves says finish first, also where SimtPlan gives
-// 64 x 64 blocks and SimtWaves has the 128 x 128 ones ahead of them. The
-// parts are at least kMinKPartDepth deep, and at most so many that their
-// blocks make 8 waves.
-inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
-  using Large = WarpTileLarge;
-  LaunchPlan plan = SimtPlan<Large, WarpTileSmall, WarpTileThin>(p, device);
-  if (plan.block_m < WarpTileSmall::kBlockM || !RunsFloat32Mainloop<Large>(p)) return plan;
-  const SimtWaves waves{device.multiprocessors};
-  const MatmulDims& d = p.dims;
-  const int64_t tiles = WarpTileBlocks(d, Large::kBlockM, Large::kBlockN);
-  const int64_t most = std::min<int64_t>(
-      {d.k / kMinKPartDepth, (8 * Large::kMinBlocks * device.multiprocessors + tiles - 1) / tiles,
-       65535});
-  KParts best = KPartsOf(d.k, 1, Large::kSlab);
-  double best_time = waves.Plan<Large>(d, best, 1.0);
+// The fastest plan of Cfg's blocks for a product by SimtWaves: K in as many
+// parts (1 included) as finish first, each at least kMinKPartDepth deep, at
+// most so many that the blocks make 8 waves.
+template <class Cfg>
+std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWaves& waves,
+                                             double slab_time) {
+  const int64_t tiles = WarpTileBlocks(d, Cfg::kBlockM, Cfg::kBlockN);
+  const int64_t wave = int64_t{Cfg::kMinBlocks} * waves.multiprocessors;
+  const int64_t most =
+      std::min<int64_t>({d.k / kMinKPartDepth, (8 * wave + tiles - 1) / tiles, 65535});
+  KParts best = KPartsOf(d.k, 1, Cfg::kSlab);
+  double best_time = waves.Plan<Cfg>(d, best, slab_time);
   for (int64_t wanted = 2; wanted <= most; ++wanted) {
-    const KParts parts = KPartsOf(d.k, wanted, Large::kSlab);
-    if (const double time = waves.Plan<Large>(d, parts, 1.0); time < best_time)
+    const KParts parts = KPartsOf(d.k, wanted, Cfg::kSlab);
+    if (const double time = waves.Plan<Cfg>(d, parts, slab_time); time < best_time)
       best = parts, best_time = time;
   }
-  const bool large_already = plan.block_m == Large::kBlockM;
+  LaunchPlan plan = PlanOf<Cfg>();
+  plan.split_groups = static_cast<int>(best.count);
+  return {plan, best_time};
+}
+
+// warptile's plan: SimtPlan's, but for the float32 products WarpTiledFloat32
+// runs, whose mainloop computes about 1.4 times the FLOPs a second that the
+// 64 x 64 blocks do: those take its blocks (128 x 128 or 64 x 128)
+// with K in parts as SimtWaves has them finish first, also where SimtPlan
+// gives 64 x 64 blocks if SimtWaves has the mainloop's ahead of them; the
+// 64 x 128 blocks for at most 64 rows only.
+inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
+  LaunchPlan plan = SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
+  if (plan.block_m < WarpTileSmall::kBlockM || !RunsFloat32Mainloop<WarpTileLarge>(p)) return plan;
+  const SimtWaves waves{device.multiprocessors};
+  const MatmulDims& d = p.dims;
+  auto [best, best_time] = FastestInParts<WarpTileLarge>(d, waves, 1.0);
+  // The 64 x 128 blocks were measured on 64 rows only (SimtWaves).
+  if (d.m <= WarpTileWide::kBlockM && RunsFloat32Mainloop<WarpTileWide>(p))
+    if (auto [wide, time] = FastestInParts<WarpTileWide>(d, waves, SimtWaves::kWideSlab);
+        time < SimtWaves::kNarrowMargin * best_time)
+      best = wide, best_time = time;
+  const bool large_already = plan.block_m == WarpTileLarge::kBlockM;
   if (!large_already && best_time >= waves.Plan<WarpTileSmall>(
                                          d, KPartsOf(d.k, plan.split_groups, WarpTileSmall::kSlab),
                                          SimtWaves::kSmallSlab))
     return plan;
-  plan = PlanOf<Large>();
-  plan.split_groups = static_cast<int>(best.count);
-  if (!large_already || best.count > 1)
-    plan.why_this_width = "float32's own mainloop, width and K's parts by a model of the waves";
-  return plan;
+  if (!large_already || !best.SameConfig(plan) || best.split_groups > 1)
+    best.why_this_width = "float32's own mainloop, width and K's parts by a model of the waves";
+  return best;
 }
 
 }  // namespace jax_tiled::cuda
