@@ -91,14 +91,16 @@ def test_ptxas_neither_serialises_nor_spills(tmp_path, name, stem, launcher, inp
 def test_warptile_float32_mainloop_does_not_spill(tmp_path):
     """warptile's float32 mainloop (WarpTiledFloat32) holds 64 partial sums,
     two sets of fragments and the next slab's quads in the 128 registers its
-    two blocks an SM allow, with a register or two to spare: zeroing the
-    shared totals before the mainloop, or keeping the tile's place through
-    it, made ptxas spill (cpp/cuda/NOTES.md, "warptile's float32
-    mainloop"). Its four layouts, as the launcher instantiates them."""
+    two 128 x 128 blocks an SM allow, with a register or two to spare:
+    zeroing the shared totals before the mainloop, or keeping the tile's
+    place through it, made ptxas spill (cpp/cuda/NOTES.md, "warptile's
+    float32 mainloop"); its 64 x 128 blocks, four an SM, spilled (they run
+    three). Its four layouts on both, as the launcher instantiates them."""
     layouts = ("true", "false")
     instances = "".join(
-        f"template __global__ void WarpTiledFloat32<WarpTileLarge, {a}, {b}>"
-        "(MatmulDims, const float*, const float*, float*);\n"
+        f"template __global__ void WarpTiledFloat32<{config}, {a}, {b}>"
+        "(MatmulDims, const float*, const float*, float*, KParts);\n"
+        for config in ("WarpTileLarge", "WarpTileWide")
         for a in layouts
         for b in layouts
     )
@@ -108,7 +110,7 @@ def test_warptile_float32_mainloop_does_not_spill(tmp_path):
         f"namespace jax_tiled::cuda {{\n{instances}}}\n",
     )
     compiled = re.findall(r"Compiling entry function '(\w*WarpTiledFloat32\w*)'", report)
-    assert len(compiled) == 4, report[-4000:]
+    assert len(compiled) == 8, report[-4000:]
     assert not spills(report), spills(report)
 
 

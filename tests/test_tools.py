@@ -885,7 +885,10 @@ def test_chain_trace_reports_each_chain(tmp_path, capsys):
     for row in doc["rows"]:
         assert 0 < row["dispatch_us"] <= row["wall_us"] and row["serial_us"] > 0
         if on_gpu:
-            assert row["device"]["span_us"] > 0 and row["device"]["kernels"] >= 2, row
+            # A kernel a product of ours; XLA may fuse jnp's two small products
+            # into one kernel (it did at size 16 on an H100, 2026-11-28).
+            least = 2 if row["impl"] == "ours" else 1
+            assert row["device"]["span_us"] > 0 and row["device"]["kernels"] >= least, row
         else:
             assert row["device"] is None
         assert row["host_us_per_call"] and not any(
