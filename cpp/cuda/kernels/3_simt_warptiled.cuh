@@ -429,12 +429,13 @@ using Float32Totals = SharedTotals<Cfg::kThreads, 8, 8>;
 // (k_parts.cuh; one where K is whole). The parts split K's slabs counted
 // from its end, as the loop below runs them: part p runs slabs p * depth /
 // kSlab on, so only part 0 holds the slab that starts before element 0, and
-// every part but the last is parts.depth deep. The slabs go through two shared buffers, the next
-// slab's quads staged in registers while the current one's FMAs run, as in
-// WarpTiledMatmul; besides, each k's fragments are read from shared memory
-// during the k before (two sets of Fragments), and the next slab's stores and
-// the one barrier a slab come before the last k's FMAs, so that the next
-// slab's first fragments load while those run.
+// every part but the last is parts.depth deep. The slabs go through two
+// shared buffers, the next slab's quads staged in registers while the
+// current one's FMAs run, as in WarpTiledMatmul; besides, each k's
+// fragments are read from shared memory during the k before (two sets of
+// Fragments), and the next slab's stores and the one barrier a slab come
+// before the last k's FMAs, so that the next slab's first fragments load
+// while those run.
 template <class Cfg, bool kAKContiguous, bool kBKContiguous>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     WarpTiledFloat32(MatmulDims dims, const float* __restrict__ a, const float* __restrict__ b,
@@ -567,11 +568,11 @@ cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const
 // step's M): a 64-row block computes two to four times the rows it writes
 // there, and B, read once for all rows, is what the product costs.
 // 64 x 128 blocks of 2 x 2 warps, on the float32 mainloop only: for
-// products of at most 64 rows, which a 128-row block would half pad or
-// more (WarpTilePlan chooses). Three an SM: at four (128 registers) their third
+// products of at most 64 rows, which a 128-row block would half pad or more
+// (WarpTilePlan chooses). Three an SM: at four (128 registers) their third
 // staged quad a thread spilled 180-200 bytes in most layouts (ptxas). Their
-// mirror, 128 x 64 blocks of 4 x 1 warps, ran 30% slower than the model
-// had them (NOTES.md) and is not built.
+// mirror, 128 x 64 blocks of 4 x 1 warps, ran 30% slower than the model had
+// them (NOTES.md) and is not built.
 using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, Float32Mainloop::kToo>;
 using WarpTileWide = WarpTileConfig<2, 2, 8, 3, false, Float32Mainloop::kOnly>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
