@@ -768,7 +768,12 @@ inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
   const SimtWaves waves{device.multiprocessors};
   const MatmulDims& d = p.dims;
   if (plan.block_m == WarpTileThin::kBlockM) {
-    if (!RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
+    // One row keeps the kernel for every product, whose sums, blocked every
+    // 128 of K in registers, were 2.2e-7 from float64 at 1 x 8192 x 8192 on
+    // normal inputs where the mainloop's, every 256, were 2.9e-7 (jnp's, a
+    // dot product a column, 1.0e-7; NOTES.md "Thin blocks on the float32
+    // mainloop").
+    if (d.m == 1 || !RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
     LaunchPlan thin = FastestInParts<WarpTileThin>(d, waves, SimtWaves::kThin).first;
     thin.why_this_width = kByTheModel;
     return thin;
