@@ -680,15 +680,15 @@ LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
 //   kNarrowMargin ahead, their figure being one product's; 32 x 128, six an
 //   SM, kThin's: few rows read B at the memory's rate (16 x 8192 x 8192 in
 //   one wave of 768 blocks, 0.126 ms), and a partial wave of them reads at
-//   a rate that falls less than its share of the blocks (512 blocks in 792
-//   places took 0.77 of a whole wave's time, the SMs' share 0.67);
+//   a rate that falls less than its share of the blocks (of 792 places,
+//   512 blocks took 0.74 of a whole wave's time a slab and 640 took 0.93);
 // - parts of K cost their sums' trip through scratch, 8 bytes an element a
 //   part at 2.5 TB/s (kScratchElementsPerSlab), and the second kernel's
 //   launch (kAddKPartsSlabs).
 struct SimtWaves {
   // A block shape's time a slab, and its last wave's floor.
   struct Figures { double slab_time, last_wave_floor; };
-  static constexpr Figures kLarge{1.0, 0.6}, kSmall{0.72, 0.6}, kWide{0.835, 0.6}, kThin{0.95, 0.8};
+  static constexpr Figures kLarge{1.0, 0.6}, kSmall{0.72, 0.6}, kWide{0.835, 0.6}, kThin{0.95, 0.9};
   static constexpr double kBlockStartAndStore = 4, kNarrowMargin = 0.9;
   static constexpr double kScratchElementsPerSlab = 450000, kAddKPartsSlabs = 2;
   int multiprocessors;
