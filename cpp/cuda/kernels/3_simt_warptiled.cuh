@@ -532,14 +532,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kFloat32MinBlocks)
 // load (the rows of both operands on 16-byte lines; an operand's quads
 // wholly inside or outside the matrix: K a multiple of 4 where they run
 // along K, the free extent where they run along it), and its tiles, rows,
-// columns and slabs counted in 32 bits.
+// columns and slabs counted in 32 bits. Not one row: the kernel for every
+// product sums it closer to float64 (blocked every 128 of K in registers:
+// 2.2e-7 at 1 x 8192 x 8192 on normal inputs where this mainloop's sums,
+// every 256, were 2.9e-7 and jnp's, a dot product a column, 1.0e-7;
+// NOTES.md "Thin blocks on the float32 mainloop"). The planner and the
+// launcher both ask here.
 template <class Cfg>
 bool Float32LayoutsTake(const MatmulDims& dims, bool a_vector_ok, bool b_vector_ok) {
   constexpr int64_t kMax = 0x7fffffff - 256;
   const bool a_quads_whole = dims.transpose_a ? dims.m % 4 == 0 : dims.k % 4 == 0;
   const bool b_quads_whole = dims.transpose_b ? dims.k % 4 == 0 : dims.n % 4 == 0;
-  return a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole && dims.m <= kMax &&
-         dims.n <= kMax && dims.k <= kMax &&
+  return dims.m > 1 && a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole &&
+         dims.m <= kMax && dims.n <= kMax && dims.k <= kMax &&
          TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count <= kMax;
 }
 
@@ -768,12 +773,7 @@ inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
   const SimtWaves waves{device.multiprocessors};
   const MatmulDims& d = p.dims;
   if (plan.block_m == WarpTileThin::kBlockM) {
-    // One row keeps the kernel for every product, whose sums, blocked every
-    // 128 of K in registers, were 2.2e-7 from float64 at 1 x 8192 x 8192 on
-    // normal inputs where the mainloop's, every 256, were 2.9e-7 (jnp's, a
-    // dot product a column, 1.0e-7; NOTES.md "Thin blocks on the float32
-    // mainloop").
-    if (d.m == 1 || !RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
+    if (!RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
     LaunchPlan thin = FastestInParts<WarpTileThin>(d, waves, SimtWaves::kThin).first;
     thin.why_this_width = kByTheModel;
     return thin;
