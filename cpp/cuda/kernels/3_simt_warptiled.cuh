@@ -776,6 +776,7 @@ inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
     if (!RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
     LaunchPlan thin = FastestInParts<WarpTileThin>(d, waves, SimtWaves::kThin).first;
     thin.why_this_width = kByTheModel;
+    thin.reads_whole_lines = true;
     return thin;
   }
   if (!RunsFloat32Mainloop<WarpTileLarge>(p)) return plan;
@@ -792,6 +793,7 @@ inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
     return plan;
   if (!large_already || !best.SameConfig(plan) || best.split_groups > 1)
     best.why_this_width = kByTheModel;
+  best.reads_whole_lines = true;
   return best;
 }
 
