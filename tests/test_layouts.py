@@ -352,7 +352,7 @@ def test_rows_are_padded_to_whole_lines_where_auto_then_loads_them(
         assert "stablehlo.slice" in lowered and f"-> tensor<1x{m}x{n}x" in lowered, lowered
     assert explained.kernel == ("warptile" if precision == "highest" else "wgmma"), explained
     runs = _ffi.cuda_plan(
-        explained.kernel, dtype, dtype, (1, 1, pm, pn, pk, False, False), precision
+        explained.kernel, dtype, dtype, (1, 1, pm, pn, pk, False, False), precision or "default"
     )
     assert runs.reads_whole_lines, runs
     assert f"{m}x{k}x{n} as {pm}x{pk}x{pn}" in explained.reason, explained
