@@ -187,7 +187,7 @@ def explain(
         )
     if platform == "cuda" and _ffi.cuda_module_built():
         # Parts laid along K (an emulation preset) are lowered unpadded.
-        padded = kernel_problem == problem and _lowering.padding_for_the_copy_engine(
+        padded = kernel_problem == problem and _lowering.padding_to_whole_lines(
             platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
         )
         chosen, reason, plan = _ffi.cuda_explain(
@@ -217,9 +217,12 @@ def explain(
         if padded:
             m, n, k = problem[2:5]
             pm, pn, pk = padded
+            loads = (
+                "the TMA copy engine reads" if chosen == "wgmma" else "float32's own mainloop loads"
+            )
             reason = (
-                f"operands padded with zeros to rows of whole 16-byte lines, which the TMA "
-                f"copy engine reads ({m}x{k}x{n} as {pm}x{pk}x{pn}"
+                f"operands padded with zeros to rows of whole 16-byte lines, which {loads} "
+                f"({m}x{k}x{n} as {pm}x{pk}x{pn}"
                 + (", the result sliced back); " if (pm, pn) != (m, n) else "); ")
                 + reason
             )

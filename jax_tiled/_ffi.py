@@ -205,6 +205,9 @@ class CudaPlan:
     split_groups: int
     swap_ab: bool  # computes C^T = B^T A^T (block_m, block_n tile C^T)
     persistent_blocks: int  # a persistent grid's blocks (0: one block per tile)
+    # loads each operand row as whole 16-byte lines (the lowering pads rows
+    # off them where that moves auto onto such a plan: padding_to_whole_lines)
+    reads_whole_lines: bool
 
 
 def cuda_plan(

@@ -8,8 +8,8 @@ package was built with nvcc), the lowering rule
    (`_stored_form`, where `reads_as_stored`); and the other way round,
    copies b K-major first where `auto`'s kernel reads the layout as stored
    slowly (`copies_b_k_major`); and pads operands whose rows are not whole
-   16-byte lines with zeros where that moves `auto` onto the Hopper kernel
-   (`padding_for_the_copy_engine`), slicing the result back;
+   16-byte lines with zeros where that moves `auto` onto a plan that loads
+   whole lines (`padding_to_whole_lines`), slicing the result back;
 1. checks that the kernel asked for exists on this platform and takes the
    problem (raising the same errors as the API, now that the platform is known);
 2. resolves a `lax.DotAlgorithmPreset` for the platform (`_presets`): casts
@@ -310,30 +310,68 @@ def copies_b_k_major(platform, kernel, operand_dtype, product_dtype, precision, 
     return auto_runs == "wgmma"
 
 
-# The TMA copy engine reads rows (and batches) that start at multiples of 16
-# bytes (cuTensorMapEncodeTiled's strides).
-COPY_ENGINE_ROW_BYTES = 16
+# The kernels that load operand rows as whole 16-byte lines (LaunchPlan's
+# reads_whole_lines): the TMA copy engine reads rows (and batches) that start
+# at multiples of 16 bytes (cuTensorMapEncodeTiled's strides), warptile's
+# float32 mainloop loads four floats of a row as one 16-byte access.
+LINE_BYTES = 16
 
 
-def padding_for_the_copy_engine(
+# On the SIMT kernels (HIGHEST) the float32 mainloop is 1.2-1.5x the speed of
+# the kernel for every product, so the padding's copies pay for themselves
+# only where the product does at least this many FLOPs a byte they write.
+# Measured on an H100 (2026-11-28, cpp/cuda/NOTES.md, "Odd rows padded for
+# the float32 mainloop"): padded, 1001x4097x1003 (224 FLOPs a byte) ran 1.2x
+# the speed as given, 3000x1000x2999 (375) 1.17x, 2047x2049x2051 (343) 1.46x,
+# 4095^3 (683) 1.27x; 777x1999x513 (134) ran 0.93x, 16x8193x8191 (8) 0.83x.
+SIMT_PADDING_FLOPS_PER_BYTE = 192
+
+
+def _auto_plan(operand_dtype, product_dtype, precision, problem):
+    """(kernel, plan) that `auto` runs `problem` with (plan None: nothing runs)."""
+    dtypes = (np.dtype(operand_dtype).name, np.dtype(product_dtype).name)
+    kernel = _ffi.cuda_explain(*dtypes, problem, _ffi.cuda_multiprocessors(), precision)[0]
+    return kernel, kernel and _ffi.cuda_plan(kernel, *dtypes, problem, precision)
+
+
+def _padding_bytes(operand_dtype, product_dtype, problem, padded) -> int:
+    """The bytes the padding of `problem` to `padded` (m, n, k) writes: each
+    operand whose shape changes, and the result where it is sliced back."""
+    batch_a, batch_b, m, n, k = problem[:5]
+    pm, pn, pk = padded
+    operand, product = np.dtype(operand_dtype).itemsize, np.dtype(product_dtype).itemsize
+    written = 0
+    if (pm, pk) != (m, k):
+        written += batch_a * pm * pk * operand
+    if (pk, pn) != (k, n):
+        written += batch_b * pk * pn * operand
+    if (pm, pn) != (m, n):
+        written += max(batch_a, batch_b) * m * n * product
+    return written
+
+
+def padding_to_whole_lines(
     platform, kernel, operand_dtype, product_dtype, precision, problem
 ) -> tuple[int, int, int] | None:
     """(m, n, k) rounded up so that each operand's rows as stored are whole
     16-byte lines, where `auto` would run `problem` (copies_b_k_major's tuple)
-    on another kernel only because they are not, and on `wgmma` once padded:
-    the operands are then padded with zeros (exact: a padded K pairs zeros
-    with zeros, padded rows and columns of the result are dropped). On an
-    H100 such products ran on `mma` at 0.33-0.43x jnp's time (777x1999x513,
-    3000x1000x2999 bfloat16), where the padding copies the operands once
-    (cpp/cuda/NOTES.md, "Odd rows padded for the copy engine"). None where
-    nothing would change, for a forced kernel (it runs the product as
+    on a plan that reads any rows only because they are not, and on one that
+    loads whole lines once padded (LaunchPlan's reads_whole_lines: `wgmma`,
+    warptile's float32 mainloop): the operands are then padded with zeros
+    (exact: a padded K pairs zeros with zeros, padded rows and columns of the
+    result are dropped). On an H100 such 16-bit and TF32 products ran on `mma`
+    at 0.33-0.43x jnp's time (777x1999x513, 3000x1000x2999 bfloat16), where
+    the padding copies the operands once (cpp/cuda/NOTES.md, "Odd rows padded
+    for the copy engine"); on the SIMT kernels only where the product does at
+    least SIMT_PADDING_FLOPS_PER_BYTE FLOPs a byte the padding writes. None
+    where nothing would change, for a forced kernel (it runs the product as
     given), and for symbolic dimensions."""
     if platform != "cuda" or kernel != "auto" or _ffi.cuda_compute_capability() != _ffi.HOPPER:
         return None
     if not all(isinstance(d, (int, np.integer)) for d in problem[:5]):
         return None
     batch_a, batch_b, m, n, k, transpose_a, transpose_b = problem
-    step = COPY_ENGINE_ROW_BYTES // np.dtype(operand_dtype).itemsize
+    step = LINE_BYTES // np.dtype(operand_dtype).itemsize
 
     def whole_lines(size):
         return -(-size // step) * step
@@ -346,14 +384,25 @@ def padding_for_the_copy_engine(
     )
     if padded == (m, n, k):
         return None
-    dtypes = (np.dtype(operand_dtype).name, np.dtype(product_dtype).name)
-    multiprocessors = _ffi.cuda_multiprocessors()
-    as_given, once_padded = (
-        _ffi.cuda_explain(*dtypes, (batch_a, batch_b, *dims, transpose_a, transpose_b),
-                          multiprocessors, precision)[0]
+    (_, as_given), (kernel_padded, once_padded) = (
+        _auto_plan(
+            operand_dtype,
+            product_dtype,
+            precision,
+            (batch_a, batch_b, *dims, transpose_a, transpose_b),
+        )
         for dims in ((m, n, k), padded)
-    )  # fmt: skip
-    return padded if as_given != "wgmma" and once_padded == "wgmma" else None
+    )
+    if (as_given and as_given.reads_whole_lines) or not (
+        once_padded and once_padded.reads_whole_lines
+    ):
+        return None
+    (facts,) = (f for f in _ffi.kernel_table("cuda") if f.name == kernel_padded)
+    flops = 2 * max(batch_a, batch_b) * m * n * k
+    written = _padding_bytes(operand_dtype, product_dtype, problem, padded)
+    if not facts.tensor_cores and flops < SIMT_PADDING_FLOPS_PER_BYTE * written:
+        return None
+    return padded
 
 
 def _padded(a, b, padded, transpose_a, transpose_b):
@@ -397,7 +446,7 @@ def k_parts_summed_by_xla(platform, kernel, operand_dtype, product_dtype, precis
     m, n and k within XLA_K_PARTS_SIZES: the fewest parts of XLA_K_PARTS each
     at most XLA_K_PART_BYTES of K deep, in whole 16-byte lines; not where the
     operands are padded for the copy engine or b is copied K-major
-    (padding_for_the_copy_engine, copies_b_k_major). Forced kernels and
+    (padding_to_whole_lines, copies_b_k_major). Forced kernels and
     symbolic dimensions run K whole."""
     if platform != "cuda" or kernel != "auto" or _ffi.cuda_compute_capability() != _ffi.HOPPER:
         return 1
@@ -414,7 +463,7 @@ def k_parts_summed_by_xla(platform, kernel, operand_dtype, product_dtype, precis
         or not all(smallest <= d <= largest for d in (m, n, k))
     ):
         return 1
-    line = COPY_ENGINE_ROW_BYTES // operand.itemsize
+    line = LINE_BYTES // operand.itemsize
     parts = next(
         (
             p
@@ -423,7 +472,7 @@ def k_parts_summed_by_xla(platform, kernel, operand_dtype, product_dtype, precis
         ),
         1,
     )
-    laid_otherwise = (padding_for_the_copy_engine, copies_b_k_major)
+    laid_otherwise = (padding_to_whole_lines, copies_b_k_major)
     if parts > 1 and any(
         rule(platform, kernel, operand_dtype, product_dtype, precision, problem)
         for rule in laid_otherwise
@@ -506,7 +555,7 @@ def _lowering(ctx, a, b, *, platform, transpose_a, transpose_b, out_dtype, preci
     # blocks would each need their own padding.
     padded = None
     if not wide and _compat.lowers_for_one_device(ctx):
-        padded = padding_for_the_copy_engine(
+        padded = padding_to_whole_lines(
             platform, kernel, run.operand_dtype, run.product_dtype, run.precision, problem
         )
 

@@ -36,11 +36,13 @@ HIGHEST = lax.Precision.HIGHEST
 # (batch, m, n, k): a few 64 x 64 tiles over a long K. On an H100 (132 SMs):
 # 2 tiles in 16 parts of 264 (the last 140: not whole slabs); 18 tiles (a
 # batch of 3, m and n off the tile edge) in 8 parts of 376; 12 tiles in 32
-# parts of 1256. (warptile's float32 mainloop, whose model of the waves
-# may take 128 x 128 blocks, runs none of them as laid here: too few tiles
-# of it for the first, rows off 16-byte lines for the others;
-# test_warptile_float32.py tests that.)
-SHAPES = [(1, 72, 40, 4100), (3, 65, 130, 3000), (1, 200, 138, 40000)]
+# parts of 1256; 2 tiles in 250 parts of 280, whose sums AddKParts adds as
+# a tree of eights three levels deep (3 sums of 64 parts, 7 of 8, 2 parts).
+# (warptile's float32 mainloop, whose model of the waves may take 128 x 128
+# blocks, runs none of them as laid here: too few tiles of it for the first
+# and last, rows off 16-byte lines for the others; test_warptile_float32.py
+# tests that.)
+SHAPES = [(1, 72, 40, 4100), (3, 65, 130, 3000), (1, 200, 138, 40000), (1, 72, 40, 70000)]
 WHOLE_K = (1, 72, 40, 300)  # K too short to cut: two parts would be under 256 deep
 
 
@@ -88,7 +90,7 @@ def test_the_simt_kernels_of_auto_cut_k():
 def test_parts_only_where_tiles_leave_sms_idle(kernel):
     h100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
     counts = [highest_plan(kernel, shape, **h100).split_groups for shape in SHAPES]
-    assert counts == [16, 8, 32], counts
+    assert counts == [16, 8, 32, 250], counts
     two_tiles = highest_plan(kernel, SHAPES[0], **h100)
     assert (two_tiles.block_m, two_tiles.block_n, two_tiles.split_k) == (64, 64, 1)
     assert two_tiles.text.endswith(

@@ -282,11 +282,13 @@ def test_cuda_reads_transposes_where_the_kernel_does(
     assert_matmul_close(out, a_op, b_op, platform="cuda", precision=precision)
 
 
-# ---- CUDA: rows that are not whole 16-byte lines, padded for the copy engine ----
+# ---- CUDA: rows that are not whole 16-byte lines, padded to whole lines ----
 
 # (name, dtype, precision, kernel, (m, k, n), padded (m, k, n) or None): a
 # stored (m, k), b (k, n). Padded where auto would run mma only because the
-# rows are not 16-byte lines, and wgmma once they are.
+# rows are not 16-byte lines, and wgmma once they are; at HIGHEST, where it
+# would run warptile's kernel for every product, and its float32 mainloop
+# once they are, if the product does enough work a byte the padding writes.
 PADDING_CASES = [
     ("bf16 odd k and n", BF16, None, "auto", (777, 1999, 513), (777, 2000, 520)),
     ("tf32 odd n", F32, None, "auto", (3000, 1000, 2999), (3000, 1000, 3000)),
@@ -294,10 +296,14 @@ PADDING_CASES = [
     ("bf16 aligned", BF16, None, "auto", (1024, 1024, 1024), None),
     # Small: mma either way (a small product, K short).
     ("bf16 small odd", BF16, None, "auto", (197, 263, 131), None),
-    # HIGHEST runs on the SIMT kernels, which read any rows.
-    ("fp32 highest odd", F32, "highest", "auto", (777, 1999, 513), None),
+    ("fp32 highest odd n", F32, "highest", "auto", (3000, 1000, 2999), (3000, 1000, 3000)),
+    ("fp32 highest odd k and n", F32, "highest", "auto", (1001, 4097, 1003), (1001, 4100, 1004)),
+    # Too little work a byte the padding writes for the SIMT kernels.
+    ("fp32 highest odd, small", F32, "highest", "auto", (777, 1999, 513), None),
+    ("fp32 highest odd, few rows", F32, "highest", "auto", (16, 8193, 8191), None),
     # A forced kernel runs the product as given.
     ("bf16 odd on mma", BF16, None, "mma", (777, 1999, 513), None),
+    ("fp32 highest odd on warptile", F32, "highest", "warptile", (3000, 1000, 2999), None),
 ]
 
 
@@ -322,12 +328,13 @@ def _call_operand_shapes(lowered: str) -> list[list[tuple[int, ...]]]:
 @pytest.mark.parametrize(
     "name,dtype,precision,kernel,shape,padded", PADDING_CASES, ids=[c[0] for c in PADDING_CASES]
 )
-def test_rows_are_padded_for_the_copy_engine_where_auto_then_runs_wgmma(
+def test_rows_are_padded_to_whole_lines_where_auto_then_loads_them(
     name, dtype, precision, kernel, shape, padded
 ):
     """Lowered for CUDA without running (the planners need no GPU): the
     custom call reads the padded operands and the result is sliced back, or
-    nothing is padded. explain() says so, and which kernel runs."""
+    nothing is padded. explain() says so, and which kernel and plan run:
+    wgmma, or warptile's float32 mainloop at HIGHEST."""
     m, k, n = shape
     specs = [jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)]
     f = _padding_case(precision, kernel)
@@ -343,7 +350,11 @@ def test_rows_are_padded_for_the_copy_engine_where_auto_then_runs_wgmma(
     assert _call_operand_shapes(lowered) == [[(1, pm, pk), (1, pk, pn)]], lowered
     if (pm, pn) != (m, n):  # a padded K changes no shape of the result
         assert "stablehlo.slice" in lowered and f"-> tensor<1x{m}x{n}x" in lowered, lowered
-    assert explained.kernel == "wgmma", explained
+    assert explained.kernel == ("warptile" if precision == "highest" else "wgmma"), explained
+    runs = _ffi.cuda_plan(
+        explained.kernel, dtype, dtype, (1, 1, pm, pn, pk, False, False), precision or "default"
+    )
+    assert runs.reads_whole_lines, runs
     assert f"{m}x{k}x{n} as {pm}x{pk}x{pn}" in explained.reason, explained
 
 

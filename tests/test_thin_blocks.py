@@ -1,6 +1,8 @@
 """Products of at most 32 rows (a decode step's M) at HIGHEST: warptile runs
 them on thin blocks, 32 x 128 (cpp/cuda/kernels/3_simt_warptiled.cuh,
-WarpTileThin), K cut into parts where those blocks leave SMs idle, and `auto`
+WarpTileThin), K cut into parts where those blocks leave SMs idle (float32
+products whose rows lie on 16-byte lines on its float32 mainloop, the parts
+by its model of the waves: tests/test_warptile_float32.py), and `auto`
 takes warptile there rather than smem16's 16 x 16 tiles. The plans and auto's
 choice (no GPU needed: the CUDA module plans for an H100 without one); on a
 GPU, the products against float64 on every layout and in every input and
@@ -69,15 +71,22 @@ def test_thin_blocks_for_at_most_32_rows():
 
 
 @needs_cuda_module
-def test_thin_blocks_cut_k_to_fill_the_sms():
-    """16 x 8192 x 8192: 64 thin blocks for 132 SMs, so K is cut; the parts'
-    blocks fit the GPU at once (4 an SM) and each part is at least 256 deep."""
-    found = highest_plan("warptile", (1, 16, 8192, 8192), **H100)
-    tiles = 8192 // THIN[1]
+@pytest.mark.parametrize("n,blocks_an_sm,waves", [(8192, 6, 8), (8190, 4, 1)])
+def test_thin_blocks_cut_k_to_fill_the_sms(n, blocks_an_sm, waves):
+    """16 x 8192 x n: 64 thin blocks for 132 SMs, so K is cut, each part at
+    least 256 deep. On the float32 mainloop (n = 8192) its model of the waves
+    cuts it, into at most 8 waves of blocks at six an SM; for the kernel for
+    every product (n = 8190: b's rows off 16-byte lines), the parts' blocks
+    fit the GPU at once (4 an SM)."""
+    found = highest_plan("warptile", (1, 16, n, 8192), **H100)
+    tiles = -(-n // THIN[1])
     assert found.split_groups > 1, found
-    assert tiles * found.split_groups <= 4 * _ffi.H100_MULTIPROCESSORS, found
+    assert tiles * found.split_groups <= waves * blocks_an_sm * _ffi.H100_MULTIPROCESSORS, found
     assert 8192 // found.split_groups >= 256, found
-    assert highest_plan("warptile", (1, 16, 8192, 300), **H100).split_groups == 1
+    assert ("model of the waves" in found.text) == (n % 4 == 0), found
+    if n % 4 == 0:  # one whole wave, 768 blocks in 792 places: the fastest of 4-32 parts on an H100
+        assert found.split_groups == 12, found
+    assert highest_plan("warptile", (1, 16, n, 300), **H100).split_groups == 1
 
 
 @needs_cuda_module
@@ -90,23 +99,30 @@ def test_no_thin_blocks_for_double_sums():
 
 @needs_cuda_module
 @pytest.mark.parametrize(
-    "rows,kernel,reason",
+    "rows,n,kernel,reason",
     [
-        (1, "warptile", "at most 32 rows"),
-        (32, "warptile", "at most 32 rows"),
-        (33, "smem16", "fewer than 64 rows or columns"),
+        (1, 8192, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
+        (32, 8192, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
+        (32, 8190, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
+        (33, 8192, "smem16", "fewer than 64 rows or columns"),
     ],
 )
-def test_auto_takes_thin_blocks(rows, kernel, reason):
+def test_auto_takes_thin_blocks(rows, n, kernel, reason):
+    """Rows on 16-byte lines (n = 8192) run the float32 mainloop's thin
+    blocks, off them (n = 8190) the kernel for every product's, and so does
+    one row (its sums blocked every 128 of K, the mainloop's every 256, were
+    the closer to float64); beyond 32 rows smem16's tiles."""
     found = jax_tiled.explain(
         S((rows, 8192), jnp.float32),
-        S((8192, 8192), jnp.float32),
+        S((8192, n), jnp.float32),
         precision="highest",
         backend="gpu",
     )
     assert found.kernel == kernel and found.reason.startswith(reason), found
-    if kernel == "warptile":
-        assert found.plan.startswith("32 x 128 tiles, K split in"), found
+    on_the_mainloop = kernel == "warptile" and n == 8192 and rows > 1
+    assert ("float32's own mainloop" in found.reason) == on_the_mainloop, found
+    if rows <= 32:
+        assert found.plan.startswith("32 x 128 tiles") and "K split in" in found.plan, found
 
 
 @needs_cuda_module

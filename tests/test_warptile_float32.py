@@ -2,9 +2,9 @@
 WarpTiledFloat32): float32 products on its 128 x 128 blocks whose rows start on
 16-byte lines, HIGHEST's large products, run with the operand layouts
 compiled in, no bounds checks in the mainloop, and sums blocked every 256 of
-K with the totals in shared memory; K in parts, a block each, and 64 x 128
-blocks for few rows, where a model of the waves (SimtWaves) has them finish
-first. Past the matrix's edge its
+K with the totals in shared memory; K in parts, a block each, 64 x 128
+blocks for few rows and 32 x 128 blocks for at most 32, where a model of the
+waves (SimtWaves) has them finish first. Past the matrix's edge its
 quads read the last rows or columns inside again, and a K that is not whole
 slabs starts with zeros (in the first part). The plans (no GPU needed); on a
 GPU, every layout against float64 at tile edges, short and ragged K, K in
@@ -63,8 +63,14 @@ WHOLE_K = [
 IN_PARTS = {(1, 2308, 2052, 1004): 2, (1, 516, 388, 8196): 13, (2, 516, 388, 4100): 6}
 SHAPES = WHOLE_K + list(IN_PARTS)
 # Products of 64 rows (on an H100): the mainloop's 64 x 128 blocks, off the
-# edge along N, K ragged and in 2 parts; a batch of 2.
-NARROW = {(1, 64, 16388, 1004): (64, 128), (2, 64, 8196, 1004): (64, 128)}
+# edge along N, K ragged and in 2 parts; a batch of 2. 16 and 32 rows: its
+# 32 x 128 blocks, K ragged, in parts (a batch of 2 of them).
+NARROW = {
+    (1, 64, 16388, 1004): (64, 128),
+    (2, 64, 8196, 1004): (64, 128),
+    (1, 16, 8196, 1004): (32, 128),
+    (2, 32, 4100, 516): (32, 128),
+}
 # Rows off 16-byte lines (n and K odd): the kernel before it runs these.
 OFF_LINES = (1, 2304, 2051, 1001)
 
@@ -79,10 +85,21 @@ def test_the_shapes_run_on_large_blocks(shape):
 
 @needs_cuda_module
 @pytest.mark.parametrize("shape", NARROW, ids=str)
-def test_products_64_wide_run_on_narrow_blocks(shape):
+def test_few_rows_run_on_narrow_blocks(shape):
     found = highest_plan("warptile", shape, **H100)
     assert (found.block_m, found.block_n) == NARROW[shape], found
     assert found.split_groups > 1 and "model of the waves" in found.text, found
+
+
+@needs_cuda_module
+def test_one_row_keeps_the_kernel_for_every_product():
+    """One row stays off the mainloop (its sums there, every 256 of K, were
+    further from float64 than the other kernel's every 128); two take it."""
+    one = highest_plan("warptile", (1, 1, 8192, 8192), **H100)
+    two = highest_plan("warptile", (1, 2, 8192, 8192), **H100)
+    assert (one.block_m, one.block_n) == (two.block_m, two.block_n) == (32, 128), (one, two)
+    assert "model of the waves" not in one.text and one.split_groups > 1, one
+    assert "model of the waves" in two.text, two
 
 
 @needs_cuda_module
@@ -163,6 +180,10 @@ def test_the_sanitizers_run_the_float32_mainloop():
     m, k, n = cases.NARROW_SHAPE
     found = highest_plan("warptile", (1, m, n, k), **H100)
     assert (found.block_m, found.block_n) == (64, 128) and found.split_groups > 1, found
+    m, k, n = cases.THIN_DEEP_SHAPE
+    found = highest_plan("warptile", (1, m, n, k), **H100)
+    assert (found.block_m, found.block_n) == (32, 128) and found.split_groups > 1, found
+    assert "model of the waves" in found.text, found
 
 
 @pytest.mark.parametrize("shape", SHAPES + list(NARROW) + [OFF_LINES], ids=str)
@@ -177,7 +198,7 @@ def test_every_layout_against_float64(rng, shape):
             assert_matmul_close(out, a_op, b_op, platform="cuda", precision=HIGHEST)
 
 
-@pytest.mark.parametrize("shape", SHAPES[:3] + list(IN_PARTS)[:1] + list(NARROW)[:2], ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:3] + list(IN_PARTS)[:1] + list(NARROW), ids=str)
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 def test_bitwise_the_same_run_to_run(rng, shape):
@@ -192,7 +213,7 @@ def test_bitwise_the_same_run_to_run(rng, shape):
 
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [WHOLE_K[1], next(iter(IN_PARTS)), *list(NARROW)[:2]], ids=str)
+@pytest.mark.parametrize("shape", [WHOLE_K[1], next(iter(IN_PARTS)), *list(NARROW)], ids=str)
 def test_special_values_in_the_first_slab(rng, shape):
     """K = 1004: the first slab is 4 zeros and K's first 4 elements, so row 1's
     NaN at K's start is in it; inf at K's end, inf - inf across K (so across
@@ -203,13 +224,14 @@ def test_special_values_in_the_first_slab(rng, shape):
     assert_special_values_across_k(rng, m, n, k, kernel="warptile")
 
 
+@pytest.mark.parametrize("m,n,k", [(2308, 2052, 1000), (20, 2052, 1000)])
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
-def test_the_edge_read_again_stays_outside(rng):
+def test_the_edge_read_again_stays_outside(rng, m, n, k):
     """Past the edge the loaders read a's last row and b's last column again,
     into sums that are never stored: NaN there reaches only that row and that
-    column of the result."""
-    m, n, k = 2308, 2052, 1000
+    column of the result (on the large blocks, and on the 32 x 128 ones, of
+    which 20 rows fill less than a block)."""
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     a[-1, 5] = np.nan

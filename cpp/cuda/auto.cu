@@ -95,14 +95,19 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     return choose(smem16, [] {
       return "float64: warptile would spill its 64 double accumulators per thread";
     });
-  // warptile's planner runs products of few rows on thin blocks.
-  if (p.dims.n >= 64)
-    if (const LaunchPlan thin = warptile.plan(p, device); thin.block_m < 64)
-      return choose(warptile, [&] {
-        const std::string rows = std::to_string(thin.block_m);
-        return "at most " + rows + " rows: warptile's blocks of " + rows +
-               " rows, where its 64-row ones would compute rows that are not there";
-      });
+  // warptile's plan, planned once for the choices below. Its planner runs
+  // products of few rows on thin blocks (float32's on its own mainloop where
+  // it takes them, K's parts by a model of the waves: the plan's
+  // why_this_width).
+  const LaunchPlan own = warptile.plan(p, device);
+  if (p.dims.n >= 64 && own.block_m < 64)
+    return choose(warptile, [&] {
+      const std::string rows = std::to_string(own.block_m);
+      return "at most " + rows + " rows: warptile's blocks of " + rows +
+             " rows, where its 64-row ones would compute rows that are not there" +
+             (own.why_this_width ? "; float32's own mainloop, K's parts by a model of the waves"
+                                 : "");
+    });
   if (p.dims.m < 64 || p.dims.n < 64)
     return choose(smem16, [] {
       return "fewer than 64 rows or columns: warptile's 64-wide tiles would be mostly padding";
@@ -112,7 +117,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   // why_this_width) has them first; else 64 x 64 blocks, which pipelined
   // runs faster.
   const std::string sms = std::to_string(device.multiprocessors);
-  if (const LaunchPlan own = warptile.plan(p, device); own.block_m != 64 || own.block_n != 64)
+  if (own.block_m != 64 || own.block_n != 64)
     return choose(warptile, [&] {
       return (own.why_this_width
                   ? std::to_string(own.block_m) + " x " + std::to_string(own.block_n) +

@@ -111,6 +111,11 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
+  // The kernel loads every operand row as whole 16-byte lines (the TMA copy
+  // engine; warptile's float32 mainloop, a quad a load): where rows are off
+  // them, the lowering pads the operands if that moves `auto` onto such a
+  // plan (_lowering.padding_to_whole_lines).
+  bool reads_whole_lines = false;
   // > 0: the consumers' partial sums hold this many slabs, a configuration's
   // own depth (wgmma's products of parts laid along K: a chunk group); 0:
   // the pass's own.

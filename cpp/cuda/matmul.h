@@ -68,6 +68,7 @@ struct PlanFacts {
   int block_m = 0, block_n = 0, stages = 0, cluster_m = 1, split_k = 1, split_groups = 1;
   bool swap_ab = false;
   int persistent_blocks = 0;
+  bool reads_whole_lines = false;
 };
 PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
                      const ProblemShape& shape, int precision, const GpuFacts& gpu);

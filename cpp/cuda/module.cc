@@ -91,6 +91,7 @@ NB_MODULE(_cuda, m) {
         facts["split_groups"] = plan.split_groups;
         facts["swap_ab"] = plan.swap_ab;
         facts["persistent_blocks"] = plan.persistent_blocks;
+        facts["reads_whole_lines"] = plan.reads_whole_lines;
         return facts;
       },
       nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),

@@ -65,7 +65,8 @@ DEEP_SHAPE = (136, 40000, 72)
 # an H100: across 2 clusters of 2 a tile; within one cluster of 4 where 132
 # SMs hold 33 clusters of 4).
 WIDE_SHAPE = (1024, 8192, 1024)
-# 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts.
+# 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts
+# (in float32, on its float32 mainloop).
 THIN_DEEP_SHAPE = (16, 9000, 136)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 # The emulation presets CUDA runs as products of parts laid along K (their

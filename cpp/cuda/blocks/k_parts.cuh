@@ -66,14 +66,20 @@ __device__ __forceinline__ const T* FromK(const T* base, int64_t ld, bool k_cont
   return base + (k_contiguous ? k0 : k0 * ld);
 }
 
-// Parts added one after another into a group's sum before the group's sum is
-// added into the total: a sum of n parts then rounds about 8 + n / 8 times
-// in a row where one running sum rounded n times (128 parts of a few rows'
-// long K were twice jnp's error), and up to 8 parts it is that running sum.
-inline constexpr int64_t kKPartsPerGroup = 8;
+// Parts summed as a tree of eights: parts added one after another into a
+// group's sum, eight groups' sums one after another into a sum of the next
+// level, and so on; then the levels' sums from the top down. A sum of n
+// parts then rounds about 8 log8(n) times in a row where one running sum
+// rounded n times (128 parts of a few rows' long K were twice jnp's error;
+// 196 parts in 25 groups added in a row, 1.07x: NOTES.md, "Odd rows padded
+// for the float32 mainloop"). Up to 8 parts it is that running sum, and up
+// to 64 the groups' sums added in a row.
+inline constexpr int kKPartsPerGroup = 8;
+// Levels enough for 8^6 parts (a grid's y holds 65535).
+inline constexpr int kKPartsLevels = 6;
 
-// The second kernel: C = the sum of the parts' slots, in part order, in
-// groups of kKPartsPerGroup. The slots hold the batch's outputs densely (row
+// The second kernel: C = the sum of the parts' slots, in part order, as a
+// tree of kKPartsPerGroup. The slots hold the batch's outputs densely (row
 // stride n, batch stride m n).
 template <class Acc, class Out>
 __global__ void __launch_bounds__(256)
@@ -82,14 +88,32 @@ __global__ void __launch_bounds__(256)
   const int64_t per_matrix = dims.m * dims.n, total = dims.batch * per_matrix;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    Acc sum = 0;
-    for (int64_t first = 0; first < parts.count; first += kKPartsPerGroup) {
-      Acc group = partials[first * parts.slot_stride + i];
-      const int64_t end = min(first + kKPartsPerGroup, parts.count);
-      for (int64_t part = first + 1; part < end; ++part)
-        group += partials[part * parts.slot_stride + i];
-      sum = first == 0 ? group : sum + group;
+    // Each level's running sum and how many sums of the level below it holds
+    // (unrolled over the levels: registers, not local memory).
+    Acc level[kKPartsLevels];
+    int held[kKPartsLevels] = {};
+    for (int64_t part = 0; part < parts.count; ++part) {
+      Acc sum = partials[part * parts.slot_stride + i];
+      bool carry = true;
+#pragma unroll
+      for (int l = 0; l < kKPartsLevels; ++l)
+        if (carry) {
+          level[l] = held[l] ? level[l] + sum : sum;
+          carry = ++held[l] == kKPartsPerGroup && l + 1 < kKPartsLevels;
+          if (carry) {
+            sum = level[l];
+            held[l] = 0;
+          }
+        }
     }
+    Acc sum = 0;
+    bool first = true;
+#pragma unroll
+    for (int l = kKPartsLevels - 1; l >= 0; --l)
+      if (held[l]) {
+        sum = first ? level[l] : sum + level[l];
+        first = false;
+      }
     const int64_t batch = i / per_matrix, row = i % per_matrix / dims.n, col = i % dims.n;
     out[batch * dims.out_batch_stride + row * dims.ldc + col] = FromAccumulator<Out>(sum);
   }

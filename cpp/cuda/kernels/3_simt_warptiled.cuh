@@ -53,14 +53,16 @@ namespace jax_tiled::cuda {
 // per operand layout): kNo; kToo, beside the kernel for every product (the
 // 128 x 128 blocks); kOnly, a configuration for that mainloop alone, for
 // which the planner plans no other product and the kernel for every product
-// is not compiled.
+// is not compiled. kFloat32MinBlocks: the blocks an SM that mainloop is
+// compiled for (its registers), where it differs from the other kernel's.
 enum class Float32Mainloop { kNo, kToo, kOnly };
 
 template <int kWarpsM_, int kWarpsN_, int kSlab_, int kMinBlocks_, bool kSplitsK_ = false,
-          Float32Mainloop kFloat32Mainloop = Float32Mainloop::kNo>
+          Float32Mainloop kFloat32Mainloop = Float32Mainloop::kNo,
+          int kFloat32MinBlocks_ = kMinBlocks_>
 struct WarpTileConfig {
   static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kSlab = kSlab_;
-  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kMinBlocks = kMinBlocks_, kFloat32MinBlocks = kFloat32MinBlocks_;
   static constexpr bool kFloat32Layouts = kFloat32Mainloop != Float32Mainloop::kNo;
   static constexpr bool kFloat32Only = kFloat32Mainloop == Float32Mainloop::kOnly;
   template <class Acc>
@@ -437,7 +439,7 @@ using Float32Totals = SharedTotals<Cfg::kThreads, 8, 8>;
 // before the last k's FMAs, so that the next slab's first fragments load
 // while those run.
 template <class Cfg, bool kAKContiguous, bool kBKContiguous>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kFloat32MinBlocks)
     WarpTiledFloat32(MatmulDims dims, const float* __restrict__ a, const float* __restrict__ b,
                      float* __restrict__ out, KParts parts) {
   using LoaderA = SteppedQuadLoader<Cfg::kBlockM, Cfg::kSlab, Cfg::kThreads, kAKContiguous>;
@@ -530,14 +532,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // load (the rows of both operands on 16-byte lines; an operand's quads
 // wholly inside or outside the matrix: K a multiple of 4 where they run
 // along K, the free extent where they run along it), and its tiles, rows,
-// columns and slabs counted in 32 bits.
+// columns and slabs counted in 32 bits. Not one row: the kernel for every
+// product sums it closer to float64 (blocked every 128 of K in registers:
+// 2.2e-7 at 1 x 8192 x 8192 on normal inputs where this mainloop's sums,
+// every 256, were 2.9e-7 and jnp's, a dot product a column, 1.0e-7;
+// NOTES.md "Thin blocks on the float32 mainloop"). The planner and the
+// launcher both ask here.
 template <class Cfg>
 bool Float32LayoutsTake(const MatmulDims& dims, bool a_vector_ok, bool b_vector_ok) {
   constexpr int64_t kMax = 0x7fffffff - 256;
   const bool a_quads_whole = dims.transpose_a ? dims.m % 4 == 0 : dims.k % 4 == 0;
   const bool b_quads_whole = dims.transpose_b ? dims.k % 4 == 0 : dims.n % 4 == 0;
-  return a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole && dims.m <= kMax &&
-         dims.n <= kMax && dims.k <= kMax &&
+  return dims.m > 1 && a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole &&
+         dims.m <= kMax && dims.n <= kMax && dims.k <= kMax &&
          TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count <= kMax;
 }
 
@@ -566,7 +573,9 @@ cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const
 // Two large blocks per SM (16 warps) need at most 128 registers a thread.
 // 32 x 128 blocks of 1 x 2 warps for products of at most 32 rows (a decode
 // step's M): a 64-row block computes two to four times the rows it writes
-// there, and B, read once for all rows, is what the product costs.
+// there, and B, read once for all rows, is what the product costs. Their
+// float32 mainloop is compiled for six an SM (167-168 registers, no spill)
+// where the kernel for every product is compiled for four.
 // 64 x 128 blocks of 2 x 2 warps, on the float32 mainloop only: for
 // products of at most 64 rows, which a 128-row block would half pad or more
 // (WarpTilePlan chooses). Three an SM: at four (128 registers) their third
@@ -576,7 +585,7 @@ cudaError_t LaunchWarpTiledFloat32(const MatmulDims& dims, const float* a, const
 using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, Float32Mainloop::kToo>;
 using WarpTileWide = WarpTileConfig<2, 2, 8, 3, false, Float32Mainloop::kOnly>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
-using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true>;
+using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true, Float32Mainloop::kToo, 6>;
 
 // Whether every row of every batch of an operand starts 4-element aligned,
 // so groups of 4 can move as one 16-byte (or 2 x 16-byte) access.
@@ -662,41 +671,47 @@ LaunchPlan SimtPlan(const Product& p, const DeviceFacts& device) {
 // A model of the SIMT blocks' time, in slabs of a 128 x 128 float32 block
 // on an SM that holds two (1.46 us on an H100), for warptile's choice below.
 // Its figures are an H100's (2026-11-28, NOTES.md "warptile's float32
-// blocks with K in parts"):
-// - blocks run in waves of kMinBlocks an SM; an SM given fewer in the last
-//   wave runs them faster, but no faster than kLastWaveFloor of a wave
-//   (2304 x 8192 x 2048: 288 blocks of 128 x 128 in 264 places took 1.6
-//   waves' time);
+// blocks with K in parts" and "Thin blocks on the float32 mainloop"):
+// - blocks run in waves of as many an SM as they are compiled for; an SM
+//   given fewer in the last wave runs them faster, but no faster than a
+//   floor of a wave's time (2304 x 8192 x 2048: 288 blocks of 128 x 128 in
+//   264 places took 1.6 waves' time);
 // - a block costs kBlockStartAndStore slabs besides its own (8192 x 128 x
 //   8192, 16 slabs a block, took 20 a wave);
-// - a slab of a 64 x 64 block, four an SM, takes kSmallSlab of a large
-//   block's (their FLOP rates at 2048^3 and 4096^3); one of a 64 x 128
-//   block, three an SM, kWideSlab (64 x 4096 x 14336: 0.217 ms, where the
-//   large blocks' FLOP rate, 0.75, predicted 0.195), and those blocks are
-//   taken only kNarrowMargin ahead, their figure being one product's;
+// - each block shape's slab time (Figures), against a large block's:
+//   64 x 64 blocks, four an SM, kSmall's (their FLOP rates at 2048^3 and
+//   4096^3); 64 x 128, three an SM, kWide's (64 x 4096 x 14336: 0.217 ms,
+//   where the large blocks' FLOP rate, 0.75, predicted 0.195), taken only
+//   kNarrowMargin ahead, their figure being one product's; 32 x 128, six an
+//   SM, kThin's: few rows read B at the memory's rate (16 x 8192 x 8192 in
+//   one wave of 768 blocks, 0.126 ms), and a partial wave of them reads at
+//   a rate that falls less than its share of the blocks (of 792 places,
+//   512 blocks took 0.74 of a whole wave's time a slab and 640 took 0.93);
 // - parts of K cost their sums' trip through scratch, 8 bytes an element a
 //   part at 2.5 TB/s (kScratchElementsPerSlab), and the second kernel's
 //   launch (kAddKPartsSlabs).
 struct SimtWaves {
-  static constexpr double kLastWaveFloor = 0.6, kBlockStartAndStore = 4, kSmallSlab = 0.72;
-  static constexpr double kWideSlab = 0.835, kNarrowMargin = 0.9;
+  // A block shape's time a slab, and its last wave's floor.
+  struct Figures { double slab_time, last_wave_floor; };
+  static constexpr Figures kLarge{1.0, 0.6}, kSmall{0.72, 0.6}, kWide{0.835, 0.6}, kThin{0.95, 0.9};
+  static constexpr double kBlockStartAndStore = 4, kNarrowMargin = 0.9;
   static constexpr double kScratchElementsPerSlab = 450000, kAddKPartsSlabs = 2;
   int multiprocessors;
 
-  // `blocks` blocks of `slabs` slabs, `per_sm` resident an SM, each slab
-  // `slab_time`.
-  double Blocks(int64_t blocks, int per_sm, int64_t slabs, double slab_time) const {
+  // `blocks` blocks of `slabs` slabs, `per_sm` resident an SM.
+  double Blocks(int64_t blocks, int per_sm, int64_t slabs, const Figures& figures) const {
     const int64_t wave = int64_t{per_sm} * multiprocessors;
     double waves = static_cast<double>(blocks / wave);
     if (const int64_t last = blocks % wave) {
       const int64_t busiest = (last + multiprocessors - 1) / multiprocessors;
-      waves += std::max(static_cast<double>(busiest) / per_sm, kLastWaveFloor);
+      waves += std::max(static_cast<double>(busiest) / per_sm, figures.last_wave_floor);
     }
-    return waves * (static_cast<double>(slabs) + kBlockStartAndStore) * slab_time;
+    return waves * (static_cast<double>(slabs) + kBlockStartAndStore) * figures.slab_time;
   }
-  // A plan of `Cfg`'s blocks with K in `parts`.
+  // A plan of `Cfg`'s blocks, `per_sm` resident an SM, with K in `parts`.
   template <class Cfg>
-  double Plan(const MatmulDims& dims, const KParts& parts, double slab_time) const {
+  double Plan(const MatmulDims& dims, const KParts& parts, const Figures& figures,
+              int per_sm = Cfg::kMinBlocks) const {
     const int64_t tiles = WarpTileBlocks(dims, Cfg::kBlockM, Cfg::kBlockN);
     const int64_t slabs = (parts.count == 1 ? dims.k : parts.depth + Cfg::kSlab - 1) / Cfg::kSlab;
     const double scratch = parts.count == 1
@@ -704,7 +719,7 @@ struct SimtWaves {
                                : static_cast<double>(parts.count * dims.batch * dims.m * dims.n) /
                                          kScratchElementsPerSlab +
                                      kAddKPartsSlabs;
-    return Blocks(tiles * parts.count, Cfg::kMinBlocks, slabs, slab_time) + scratch;
+    return Blocks(tiles * parts.count, per_sm, slabs, figures) + scratch;
   }
 };
 
@@ -721,21 +736,22 @@ bool RunsFloat32Mainloop(const Product& p) {
                                  aligned(p.b, p.dims.ldb, p.dims.b_batch_stride));
 }
 
-// The fastest plan of Cfg's blocks for a product by SimtWaves: K in as many
-// parts (1 included) as finish first, each at least kMinKPartDepth deep, at
-// most so many that the blocks make 8 waves.
+// The fastest plan of Cfg's blocks on the float32 mainloop for a product by
+// SimtWaves: K in as many parts (1 included) as finish first, each at least
+// kMinKPartDepth deep, at most so many that the blocks make 8 waves.
 template <class Cfg>
 std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWaves& waves,
-                                             double slab_time) {
+                                             const SimtWaves::Figures& figures) {
   const int64_t tiles = WarpTileBlocks(d, Cfg::kBlockM, Cfg::kBlockN);
-  const int64_t wave = int64_t{Cfg::kMinBlocks} * waves.multiprocessors;
+  constexpr int kPerSm = Cfg::kFloat32MinBlocks;
+  const int64_t wave = int64_t{kPerSm} * waves.multiprocessors;
   const int64_t most =
       std::min<int64_t>({d.k / kMinKPartDepth, (8 * wave + tiles - 1) / tiles, 65535});
   KParts best = KPartsOf(d.k, 1, Cfg::kSlab);
-  double best_time = waves.Plan<Cfg>(d, best, slab_time);
+  double best_time = waves.Plan<Cfg>(d, best, figures, kPerSm);
   for (int64_t wanted = 2; wanted <= most; ++wanted) {
     const KParts parts = KPartsOf(d.k, wanted, Cfg::kSlab);
-    if (const double time = waves.Plan<Cfg>(d, parts, slab_time); time < best_time)
+    if (const double time = waves.Plan<Cfg>(d, parts, figures, kPerSm); time < best_time)
       best = parts, best_time = time;
   }
   LaunchPlan plan = PlanOf<Cfg>();
@@ -745,28 +761,39 @@ std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWave
 
 // warptile's plan: SimtPlan's, but for the float32 products WarpTiledFloat32
 // runs, whose mainloop computes about 1.4 times the FLOPs a second that the
-// 64 x 64 blocks do: those take its blocks (128 x 128 or 64 x 128)
-// with K in parts as SimtWaves has them finish first, also where SimtPlan
-// gives 64 x 64 blocks if SimtWaves has the mainloop's ahead of them; the
-// 64 x 128 blocks for at most 64 rows only.
+// 64 x 64 blocks do: those of at most 32 rows take its thin blocks with K in
+// parts as SimtWaves has them finish first; the others its 128 x 128 or
+// 64 x 128 blocks (the latter for at most 64 rows) the same way, also where
+// SimtPlan gives 64 x 64 blocks if SimtWaves has the mainloop's ahead of
+// them.
 inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
-  LaunchPlan plan = SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
-  if (plan.block_m < WarpTileSmall::kBlockM || !RunsFloat32Mainloop<WarpTileLarge>(p)) return plan;
+  constexpr const char* kByTheModel =
+      "float32's own mainloop, width and K's parts by a model of the waves";
+  const LaunchPlan plan = SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
   const SimtWaves waves{device.multiprocessors};
   const MatmulDims& d = p.dims;
-  auto [best, best_time] = FastestInParts<WarpTileLarge>(d, waves, 1.0);
+  if (plan.block_m == WarpTileThin::kBlockM) {
+    if (!RunsFloat32Mainloop<WarpTileThin>(p)) return plan;
+    LaunchPlan thin = FastestInParts<WarpTileThin>(d, waves, SimtWaves::kThin).first;
+    thin.why_this_width = kByTheModel;
+    thin.reads_whole_lines = true;
+    return thin;
+  }
+  if (!RunsFloat32Mainloop<WarpTileLarge>(p)) return plan;
+  auto [best, best_time] = FastestInParts<WarpTileLarge>(d, waves, SimtWaves::kLarge);
   // The 64 x 128 blocks were measured on 64 rows only (SimtWaves).
   if (d.m <= WarpTileWide::kBlockM && RunsFloat32Mainloop<WarpTileWide>(p))
-    if (auto [wide, time] = FastestInParts<WarpTileWide>(d, waves, SimtWaves::kWideSlab);
+    if (auto [wide, time] = FastestInParts<WarpTileWide>(d, waves, SimtWaves::kWide);
         time < SimtWaves::kNarrowMargin * best_time)
       best = wide, best_time = time;
   const bool large_already = plan.block_m == WarpTileLarge::kBlockM;
   if (!large_already && best_time >= waves.Plan<WarpTileSmall>(
                                          d, KPartsOf(d.k, plan.split_groups, WarpTileSmall::kSlab),
-                                         SimtWaves::kSmallSlab))
+                                         SimtWaves::kSmall))
     return plan;
   if (!large_already || !best.SameConfig(plan) || best.split_groups > 1)
-    best.why_this_width = "float32's own mainloop, width and K's parts by a model of the waves";
+    best.why_this_width = kByTheModel;
+  best.reads_whole_lines = true;
   return best;
 }
 

@@ -85,7 +85,9 @@ int SplitKClustersHeld(int size, int multiprocessors) {
 }
 
 LaunchPlan Plan(const Product& p, const DeviceFacts& device) {
-  return PlanWgmma(p, device.multiprocessors, SplitKClustersHeld);
+  LaunchPlan plan = PlanWgmma(p, device.multiprocessors, SplitKClustersHeld);
+  plan.reads_whole_lines = true;
+  return plan;
 }
 
 cudaError_t Launch(const LaunchPlan& plan, const Product& p, void* out,
