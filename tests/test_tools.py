@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -486,6 +487,8 @@ def device_check_with_stand_ins(tmp_path, pytest_stand_in=None):
         )
         + "fi\n"
         f'[[ $1 == */tools/scaling.py ]] && {{ printf "%s\\n" "${{@:2}}" >> {calls}; exit 0; }}\n'
+        # The benchmark fails at once, writing no JSON.
+        '[[ $1 == -m && $2 == jax_tiled.bench ]] && { echo "stand-in failed" >&2; exit 1; }\n'
         "[[ $1 == -c && $2 != *shlex* ]] && exit 0\n"
         f'exec {sys.executable} "$@"\n'
     )
@@ -512,6 +515,36 @@ def device_check_with_stand_ins(tmp_path, pytest_stand_in=None):
         return done, calls.read_text().splitlines() if calls.exists() else []
 
     return run
+
+
+def test_device_check_says_a_failed_benchmark_was_not_compared(tmp_path):
+    """A benchmark that wrote no JSON is not compared with the baseline (it
+    was said to have lost no row), and no JSON of an earlier run stands in."""
+    device_check = device_check_with_stand_ins(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "bench.json").write_text("{}")  # an earlier run's
+    baseline = "docs/perf/h100-2026-11-23-baseline-fp32-highest.json"
+    done, _ = device_check(STEPS="bench", BASELINE=baseline)
+    assert "== bench: rc=1" in done.stdout, done.stdout + done.stderr
+    assert f"against {baseline}: not compared: the benchmark wrote no bench.json" in done.stdout
+    assert "rows lost" not in done.stdout, done.stdout
+
+
+def test_device_check_runs_the_sanitizer_tools_asked_for(tmp_path):
+    """SANITIZE_TOOLS: those tools only, and the planted race only with
+    racecheck among them (compute-sanitizer is absent here: each run says
+    its tool and kernel, rc 127)."""
+    device_check = device_check_with_stand_ins(tmp_path)
+    done, _ = device_check(
+        STEPS="sanitize", KERNELS="warptile", SANITIZE_TOOLS="memcheck initcheck"
+    )
+    ran = re.findall(r"== compute-sanitizer (\w+) (\w+): rc=", done.stdout)
+    assert sorted(ran) == [("initcheck", "warptile"), ("memcheck", "warptile")], done.stdout
+    assert "planted race" not in done.stdout, done.stdout
+    done, _ = device_check(STEPS="sanitize", KERNELS="warptile")
+    ran = re.findall(r"== compute-sanitizer (\w+) warptile: rc=", done.stdout)
+    assert sorted(ran) == ["initcheck", "memcheck", "racecheck", "synccheck"], done.stdout
+    assert "racecheck on the planted race" in done.stdout, done.stdout
 
 
 def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):

@@ -12,9 +12,11 @@
 #          [SKIP_BUILD=1 | PREBUILT=prebuilt] \
 #          [TESTS="tests/test_tensor_cores.py" | TEST_SHARD=1/2 | TEST_SHARD=both|each | TEST_IDS=FILE] \
 #          [TEST_WORKERS=16] [TEST_TIMEOUT=480] \
-#          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] \
+#          [SANITIZE_JOBS=4] [SANITIZE_TIMEOUT=420] [SANITIZE_TOOLS="memcheck initcheck"] \
 #          [BASELINE=docs/perf/<baseline>.json | BASELINE=docs/perf] tools/device_check.sh [bench args...]
-# KERNELS limits the sanitizer runs (default: every CUDA kernel); ACCURACY_KERNELS
+# KERNELS limits the sanitizer runs (default: every CUDA kernel), SANITIZE_TOOLS
+# their tools (default: memcheck racecheck synccheck initcheck; the planted
+# race runs with racecheck only); ACCURACY_KERNELS
 # the kernels --accuracy measures (default: auto, what users get); TESTS the
 # pytest paths, relative to the repository (default: tests, all of them), or
 # TEST_SHARD=i/n the i-th of n shards of about equal GPU time (n calls, i =
@@ -211,7 +213,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
   # The runs are slow and mostly host-bound: SANITIZE_JOBS of them at a time.
   runs=()
   for kernel in ${KERNELS:-$(python3 -c "import jax_tiled; print(' '.join(jax_tiled.kernels('gpu')))")}; do
-    for tool in memcheck racecheck synccheck initcheck; do runs+=("$tool $kernel"); done
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do runs+=("$tool $kernel"); done
   done
   for run in "${runs[@]}"; do
     while (($(jobs -rp | wc -l) >= ${SANITIZE_JOBS:-4})); do wait -n; done
@@ -223,9 +225,11 @@ if [[ " $steps " == *" sanitize "* ]]; then
     read -r tool kernel <<<"$run"
     note "$(cat "$OUT/san_${tool}_$kernel.txt")"
   done
-  timeout 600 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
-    python3 "$repo/tests/scripts/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
-  note "racecheck on the planted race (must be non-zero): rc=$? :: $(grep -E 'ERROR SUMMARY|hazard' "$OUT/san_racecheck_planted.log" | head -3 | tr '\n' ' ')"
+  if [[ " ${SANITIZE_TOOLS:-racecheck} " == *" racecheck "* ]]; then
+    timeout 600 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 1 \
+      python3 "$repo/tests/scripts/sanitizer_cases.py" --racy >"$OUT/san_racecheck_planted.log" 2>&1
+    note "racecheck on the planted race (must be non-zero): rc=$? :: $(grep -E 'ERROR SUMMARY|hazard' "$OUT/san_racecheck_planted.log" | head -3 | tr '\n' ' ')"
+  fi
   unset XLA_PYTHON_CLIENT_ALLOCATOR
 fi
 
@@ -242,12 +246,15 @@ if [[ " $steps " == *" bench "* ]]; then
       note "bench: no baseline of $kind in $BASELINE to take arguments from: the benchmark's defaults"
     fi
   fi
+  rm -f "$OUT/bench.json"
   python3 -m jax_tiled.bench "${bench_args[@]}" --json "$OUT/bench.json" \
     --plot "$OUT/bench.png" >"$OUT/bench.log" 2>"$OUT/bench.err"
   note "bench: rc=$?"
   cat "$OUT/bench.log"
   # Every row that lost more than 3% against the peer since the baseline.
-  if [[ -n "${BASELINE:-}" ]]; then
+  if [[ -n "${BASELINE:-}" && ! -f "$OUT/bench.json" ]]; then
+    note "against $BASELINE: not compared: the benchmark wrote no bench.json (bench.err)"
+  elif [[ -n "${BASELINE:-}" ]]; then
     python3 "$repo/tools/compare_baseline.py" "$repo/$BASELINE" "$OUT/bench.json" >"$OUT/baseline.log" 2>&1
     note "against $BASELINE: rc=$? :: $(grep -c REGRESSION "$OUT/baseline.log") rows lost more than 3%"
     cat "$OUT/baseline.log"
