@@ -39,11 +39,12 @@ S = jax.ShapeDtypeStruct
 THIN = (32, 128)  # rows x columns of a thin block
 H100 = dict(multiprocessors=_ffi.H100_MULTIPROCESSORS)
 
-# (batch, m, n, k): one row; the decode-step sizes the user shapes have
-# (K cut into parts: 16 x 8192 x 8192 is 64 blocks for 132 SMs); a batch off
-# every edge; 32 rows exactly, K one short slab; a K long enough to cut deep.
+# (batch, m, n, k): two rows (one runs the row blocks: test_one_row.py); the
+# decode-step sizes the user shapes have (K cut into parts: 16 x 8192 x 8192
+# is 64 blocks for 132 SMs); a batch off every edge; 32 rows exactly, K one
+# short slab; a K long enough to cut deep.
 SHAPES = [
-    (1, 1, 200, 300),
+    (1, 2, 200, 300),
     (1, 16, 8192, 8192),
     (3, 17, 130, 1000),
     (1, 32, 64, 5),
@@ -61,7 +62,7 @@ def warptile_products():
 
 @needs_cuda_module
 def test_thin_blocks_for_at_most_32_rows():
-    for m in (1, 16, 32):
+    for m in (2, 16, 32):
         found = highest_plan("warptile", (1, m, 4096, 4096), **H100)
         assert (found.block_m, found.block_n) == THIN, (m, found)
         assert found.text.startswith("32 x 128 tiles"), found.text
@@ -101,7 +102,7 @@ def test_no_thin_blocks_for_double_sums():
 @pytest.mark.parametrize(
     "rows,n,kernel,reason",
     [
-        (1, 8192, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
+        (2, 8192, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
         (32, 8192, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
         (32, 8190, "warptile", "at most 32 rows: warptile's blocks of 32 rows"),
         (33, 8192, "smem16", "fewer than 64 rows or columns"),
@@ -109,9 +110,8 @@ def test_no_thin_blocks_for_double_sums():
 )
 def test_auto_takes_thin_blocks(rows, n, kernel, reason):
     """Rows on 16-byte lines (n = 8192) run the float32 mainloop's thin
-    blocks, off them (n = 8190) the kernel for every product's, and so does
-    one row (its sums blocked every 128 of K, the mainloop's every 256, were
-    the closer to float64); beyond 32 rows smem16's tiles."""
+    blocks, off them (n = 8190) the kernel for every product's; beyond 32
+    rows smem16's tiles. (One row: test_one_row.py.)"""
     found = jax_tiled.explain(
         S((rows, 8192), jnp.float32),
         S((8192, n), jnp.float32),
@@ -119,7 +119,7 @@ def test_auto_takes_thin_blocks(rows, n, kernel, reason):
         backend="gpu",
     )
     assert found.kernel == kernel and found.reason.startswith(reason), found
-    on_the_mainloop = kernel == "warptile" and n == 8192 and rows > 1
+    on_the_mainloop = kernel == "warptile" and n == 8192
     assert ("float32's own mainloop" in found.reason) == on_the_mainloop, found
     if rows <= 32:
         assert found.plan.startswith("32 x 128 tiles") and "K split in" in found.plan, found
