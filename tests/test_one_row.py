@@ -18,15 +18,12 @@ from jax import lax
 
 import jax_tiled
 from helpers import (
-    CUDA_TABLE,
-    LAYOUTS,
+    assert_every_layout_and_type,
     assert_matmul_close,
-    bind_product,
     errors_beside_jnp,
     highest_plan,
     needs_cuda_module,
     operands,
-    x64,
 )
 from jax_tiled import _ffi
 
@@ -47,14 +44,6 @@ SHAPES = [
     (3, 3, 130, 1000),
     (1, 4, 136, 2000),
 ]
-
-
-def warptile_products():
-    """(dtype, out_dtype) pairs warptile takes, from the kernel table."""
-    if not _ffi.cuda_module_built():
-        return []
-    facts = next(k for k in CUDA_TABLE if k.name == "warptile")
-    return [(i, o) for i in facts.inputs for o in facts.outputs]
 
 
 @needs_cuda_module
@@ -98,18 +87,7 @@ def test_auto_runs_one_row_on_the_row_blocks(n):
 def test_every_layout_and_type_against_float64(rng, shape):
     batch_a, batch_b, n, k = shape
     assert highest_plan("warptile", (max(batch_a, batch_b), 1, n, k)).block_m == 1
-    for dtype, out_dtype in warptile_products():
-        if k * n > 2**22 and (dtype, out_dtype) != ("float32", "float32"):
-            continue  # the other types on the smaller shapes: the float64 references take long
-        with x64():
-            for ta, tb in LAYOUTS:
-                a, b, a_op, b_op = operands(rng, 1, n, k, ta, tb, np.dtype(dtype), batch_a, batch_b)
-                out = bind_product(
-                    a, b, ta, tb, precision=HIGHEST, kernel="warptile", out_dtype=out_dtype
-                )
-                assert_matmul_close(
-                    out, a_op, b_op, platform="cuda", precision=HIGHEST, out_dtype=out_dtype
-                )
+    assert_every_layout_and_type(rng, "warptile", 1, n, k, batch_a, batch_b)
 
 
 @pytest.mark.usefixtures("on_gpu")

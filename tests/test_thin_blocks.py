@@ -21,16 +21,12 @@ from jax import lax
 
 import jax_tiled
 from helpers import (
-    CUDA_TABLE,
-    LAYOUTS,
-    assert_matmul_close,
+    assert_every_layout_and_type,
     assert_special_values_across_k,
-    bind_product,
     errors_beside_jnp,
     highest_plan,
     needs_cuda_module,
     operands,
-    x64,
 )
 from jax_tiled import _ffi
 
@@ -50,14 +46,6 @@ SHAPES = [
     (1, 32, 64, 5),
     (1, 31, 257, 40000),
 ]
-
-
-def warptile_products():
-    """(dtype, out_dtype) pairs warptile takes, from the kernel table."""
-    if not _ffi.cuda_module_built():
-        return []
-    facts = next(k for k in CUDA_TABLE if k.name == "warptile")
-    return [(i, o) for i in facts.inputs for o in facts.outputs]
 
 
 @needs_cuda_module
@@ -139,18 +127,7 @@ def test_auto_keeps_narrow_outputs_off_thin_blocks():
 @pytest.mark.gpu
 def test_every_layout_and_type_against_float64(rng, shape):
     batch, m, n, k = shape
-    for dtype, out_dtype in warptile_products():
-        if k * n > 2**22 and (dtype, out_dtype) != ("float32", "float32"):
-            continue  # the other types on the smaller shapes: the float64 references take long
-        with x64():
-            for ta, tb in LAYOUTS:
-                a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, np.dtype(dtype), batch, batch)
-                out = bind_product(
-                    a, b, ta, tb, precision=HIGHEST, kernel="warptile", out_dtype=out_dtype
-                )
-                assert_matmul_close(
-                    out, a_op, b_op, platform="cuda", precision=HIGHEST, out_dtype=out_dtype
-                )
+    assert_every_layout_and_type(rng, "warptile", m, n, k, batch, batch)
 
 
 @pytest.mark.usefixtures("on_gpu")
