@@ -1,4 +1,5 @@
-"""One row (M = 1, a batch of them) on warptile's row blocks
+"""One row (M = 1, a batch of them), or one column as the transposed
+product's row, on warptile's row blocks
 (cpp/cuda/blocks/row_product.cuh): each output's sum in double, 128 columns a
 block, K cut into parts where the blocks alone leave SMs idle, the parts
 added in double. The plans and auto's choice (no GPU needed: the CUDA module
@@ -59,6 +60,10 @@ def test_one_row_plans_row_blocks():
     assert highest_plan("warptile", (1, 1, 8192, 300), **H100).split_groups == 1
     # Two rows: the thin blocks, as before.
     assert highest_plan("warptile", (1, 2, 8192, 8192), **H100).block_m == 32
+    # One column (a matrix times a vector): the transposed product's row.
+    column = highest_plan("warptile", (1, 8192, 1, 8192), **H100)
+    assert (column.block_m, column.block_n) == ROW_BLOCK, column
+    assert "one column as the transposed product's row" in column.text, column
     # Every type: the sums are double whatever the inputs.
     for dtype, out in (("bfloat16", "float32"), ("float64", "float64"), ("float16", "float16")):
         plan = highest_plan("warptile", (1, 1, 4096, 4096), dtype, out, **H100)
@@ -79,15 +84,23 @@ def test_auto_runs_one_row_on_the_row_blocks(n):
         "float32", "float32", (1, 1, 1, n, 8192, False, True), _ffi.H100_MULTIPROCESSORS, HIGHEST
     )
     assert kernel == "warptile" and reason.startswith("one row:") and plan.startswith("1 x 128")
+    # A matrix of n rows times a vector.
+    column = jax_tiled.explain(
+        S((n, 8192), jnp.float32), S((8192, 1), jnp.float32), precision="highest", backend="gpu"
+    )
+    assert column.kernel == "warptile" and column.reason.startswith("one column"), column
 
 
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_every_layout_and_type_against_float64(rng, shape):
+    """One row of n columns, and one column of n rows (its transposed
+    product's row: A read transposed where it is stored plainly)."""
     batch_a, batch_b, n, k = shape
-    assert highest_plan("warptile", (max(batch_a, batch_b), 1, n, k)).block_m == 1
-    assert_every_layout_and_type(rng, "warptile", 1, n, k, batch_a, batch_b)
+    for m, columns in ((1, n), (n, 1)):
+        assert highest_plan("warptile", (max(batch_a, batch_b), m, columns, k)).block_m == 1
+        assert_every_layout_and_type(rng, "warptile", m, columns, k, batch_a, batch_b)
 
 
 @pytest.mark.usefixtures("on_gpu")
@@ -137,13 +150,16 @@ def test_bitwise_the_same_run_to_run(rng):
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 @pytest.mark.parametrize("inputs", ["positive", "normal"])
-def test_long_k_no_less_accurate_than_jnp(rng, inputs):
-    """1 x 8192 x 8192 at HIGHEST: the float32 chains over K were 2.2x jnp's
-    error on normal inputs, whose matrix-vector product sums each output as
-    a tree; sums in double are rounded once."""
+@pytest.mark.parametrize("column", [False, True], ids=["row", "column"])
+def test_long_k_no_less_accurate_than_jnp(rng, inputs, column):
+    """1 x 8192 x 8192 and 8192 x 8192 x 1 at HIGHEST: the float32 chains
+    over K were 2.2x jnp's error on normal inputs at one row (one column ran
+    smem16, its chains K long), where jnp's matrix-vector product sums each
+    output as a tree; sums in double are rounded once."""
     k, n = 8192, 8192
     draw = (lambda s: rng.uniform(0.5, 1.5, s)) if inputs == "positive" else rng.standard_normal
-    a, b = (draw(s).astype(np.float32) for s in ((1, k), (k, n)))
+    shapes = ((n, k), (k, 1)) if column else ((1, k), (k, n))
+    a, b = (draw(s).astype(np.float32) for s in shapes)
     errors = errors_beside_jnp(a, b)
     assert errors["ours"] <= errors["jnp"], errors
 

@@ -1,5 +1,6 @@
-// One row times B (M = 1: a decode step's vector, a batch of them), for the
-// SIMT kernel: each output's sum in double. Such a product reads B once and
+// One row times B (M = 1: a decode step's vector, a batch of them; or one
+// column, N = 1, as the row of the transposed product), for the SIMT
+// kernel: each output's sum in double. Such a product reads B once and
 // does 2 FLOPs a 4-byte element of it, so it is bound by the memory and its
 // FMAs in double cost nothing measurable, where a float32 chain over K was
 // twice jnp's error at 1 x 8192 x 8192 (cuBLAS's matrix-vector product sums
@@ -133,12 +134,33 @@ bool RowProductLoadsQuads(const MatmulDims& dims, const In* b) {
          dims.b_batch_stride % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
 }
 
-// The one-row product in the plan's parts of K (LaunchInKParts: scratch of
-// doubles, AddKParts adding them in double).
+// One column (N = 1, M > 1: a matrix times a vector) as the one row of the
+// transposed product, C^T = B^T A^T: B's column is the row, A read
+// transposed is the matrix. C's column is C^T's row where C's rows are one
+// element apart (ldc 1: the FFI's dense result of one column).
+inline bool RowProductOfOneColumn(const MatmulDims& dims) {
+  return dims.m > 1 && dims.n == 1 && dims.ldc == 1;
+}
+inline MatmulDims TransposedProduct(const MatmulDims& d) {
+  MatmulDims t = d;
+  t.m = d.n, t.n = d.m;
+  t.a_batch_stride = d.b_batch_stride, t.b_batch_stride = d.a_batch_stride;
+  t.lda = d.ldb, t.ldb = d.lda;
+  t.transpose_a = !d.transpose_b, t.transpose_b = !d.transpose_a;
+  t.ldc = d.m;
+  return t;
+}
+
+// The one-row product (or one column's, transposed) in the plan's parts of
+// K (LaunchInKParts: scratch of doubles, AddKParts adding them in double).
 template <class In, class Out>
-cudaError_t LaunchRowProduct(const LaunchPlan& plan, const MatmulDims& dims, const In* a,
-                             const In* b, Out* out, const LaunchContext& context) {
+cudaError_t LaunchRowProduct(const LaunchPlan& plan, const MatmulDims& given, const In* given_a,
+                             const In* given_b, Out* out, const LaunchContext& context) {
   using S = RowProductShape;
+  const bool column = RowProductOfOneColumn(given);
+  const MatmulDims dims = column ? TransposedProduct(given) : given;
+  const In* const a = column ? given_b : given_a;
+  const In* const b = column ? given_a : given_b;
   const bool quads = RowProductLoadsQuads(dims, b);
   const auto launch = [&](const MatmulDims& to, auto* sums, const KParts& parts) {
     using Sum = std::remove_pointer_t<decltype(sums)>;

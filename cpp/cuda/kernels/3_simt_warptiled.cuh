@@ -775,17 +775,21 @@ std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWave
 // B's layouts (LaunchRowProduct's).
 inline LaunchPlan RowPlan(const Product& p, const DeviceFacts& device) {
   LaunchPlan plan = PlanOf<WarpTileRow>();
-  const int64_t blocks = WarpTileBlocks(p.dims, WarpTileRow::kBlockM, WarpTileRow::kBlockN);
+  const MatmulDims dims = RowProductOfOneColumn(p.dims) ? TransposedProduct(p.dims) : p.dims;
+  const int64_t blocks = WarpTileBlocks(dims, WarpTileRow::kBlockM, WarpTileRow::kBlockN);
   const int64_t wanted =
       KPartsWanted(blocks, p.dims.k, int64_t{device.multiprocessors} * WarpTileRow::kMinBlocks);
   plan.split_groups =
       static_cast<int>(KPartsOf(p.dims.k, wanted, RowProductShape::kStepKContiguous).count);
-  plan.why_this_width = "one row, each output's sum in double";
+  plan.why_this_width =
+      RowProductOfOneColumn(p.dims)
+          ? "one column as the transposed product's row, each output's sum in double"
+          : "one row, each output's sum in double";
   return plan;
 }
 
 inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
-  if (p.dims.m == 1) return RowPlan(p, device);
+  if (p.dims.m == 1 || RowProductOfOneColumn(p.dims)) return RowPlan(p, device);
   constexpr const char* kByTheModel =
       "float32's own mainloop, width and K's parts by a model of the waves";
   const LaunchPlan plan = SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
