@@ -267,6 +267,30 @@ def assert_matmul_close(out, a, b, *, platform="cpu", precision=None, out_dtype=
     )
 
 
+def kernel_products(kernel: str) -> list[tuple[str, str]]:
+    """Every (dtype, out_dtype) pair a CUDA kernel takes, from the kernel table."""
+    facts = next((k for k in CUDA_TABLE if k.name == kernel), None)
+    return [] if facts is None else [(i, o) for i in facts.inputs for o in facts.outputs]
+
+
+def assert_every_layout_and_type(rng, kernel, m, n, k, batch_a=1, batch_b=1):
+    """The kernel's product at HIGHEST in every layout and (dtype, out_dtype)
+    pair it takes, against float64; beyond 2**22 elements of b float32 only
+    (the other types' float64 references take long)."""
+    for dtype, out_dtype in kernel_products(kernel):
+        if k * n > 2**22 and (dtype, out_dtype) != ("float32", "float32"):
+            continue
+        with jax.enable_x64(True):
+            for ta, tb in LAYOUTS:
+                a, b, a_op, b_op = operands(rng, m, n, k, ta, tb, np.dtype(dtype), batch_a, batch_b)
+                out = bind_product(
+                    a, b, ta, tb, precision=HIGHEST, kernel=kernel, out_dtype=out_dtype
+                )
+                assert_matmul_close(
+                    out, a_op, b_op, platform="cuda", precision=HIGHEST, out_dtype=out_dtype
+                )
+
+
 def highest_plan(kernel, shape, dtype=F32, out_dtype=None, multiprocessors=None):
     """The CUDA plan of `kernel` at HIGHEST for (batch, m, n, k) `shape`, both
     operands of the batch and untransposed (no GPU needed; multiprocessors

@@ -115,6 +115,31 @@ def test_warptile_float32_mainloop_does_not_spill(tmp_path):
     assert not spills(report), spills(report)
 
 
+@pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
+def test_warptile_row_blocks_do_not_spill(tmp_path):
+    """warptile's one-row kernel (RowProduct) holds its double sums and the
+    loads in flight (k contiguous: 16 columns a warp, a quad of each a lane)
+    in registers: in both of B's layouts, quads as 16-byte loads or single
+    ones, float32 into C or into the parts' double slots, as the launcher
+    instantiates them."""
+    flags = ("true", "false")
+    instances = "".join(
+        f"template __global__ void RowProduct<{k_contiguous}, {vector}, float, {sum_type}>"
+        f"(MatmulDims, const float*, const float*, {sum_type}*, KParts);\n"
+        for k_contiguous in flags
+        for vector in flags
+        for sum_type in ("float", "double")
+    )
+    report = ptxas_report(
+        tmp_path,
+        '#include "cuda/kernels/3_simt_warptiled.cuh"\n'
+        f"namespace jax_tiled::cuda {{\n{instances}}}\n",
+    )
+    compiled = re.findall(r"Compiling entry function '(\w*RowProduct\w*)'", report)
+    assert len(compiled) == 8, report[-4000:]
+    assert not spills(report), spills(report)
+
+
 def ptxas_report(tmp_path: Path, source: str) -> str:
     """ptxas -v's report on `source` compiled for sm_90a as the build compiles
     the kernels (a failed compile fails the test)."""

@@ -92,17 +92,6 @@ def test_few_rows_run_on_narrow_blocks(shape):
 
 
 @needs_cuda_module
-def test_one_row_keeps_the_kernel_for_every_product():
-    """One row stays off the mainloop (its sums there, every 256 of K, were
-    further from float64 than the other kernel's every 128); two take it."""
-    one = highest_plan("warptile", (1, 1, 8192, 8192), **H100)
-    two = highest_plan("warptile", (1, 2, 8192, 8192), **H100)
-    assert (one.block_m, one.block_n) == (two.block_m, two.block_n) == (32, 128), (one, two)
-    assert "model of the waves" not in one.text and one.split_groups > 1, one
-    assert "model of the waves" in two.text, two
-
-
-@needs_cuda_module
 def test_the_model_of_the_waves_takes_large_blocks_with_parts():
     """The user shapes (M x K x N) that 64 x 64 blocks ran at 0.6-0.67x jnp at
     HIGHEST on an H100 take the 128 x 128 blocks, K in parts where their

@@ -100,6 +100,14 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   // it takes them, K's parts by a model of the waves: the plan's
   // why_this_width).
   const LaunchPlan own = warptile.plan(p, device);
+  if (own.block_m == 1)
+    return choose(warptile, [&] {
+      return std::string(p.dims.m == 1 ? "one row"
+                                       : "one column, as the transposed product's row") +
+             ": warptile's row blocks, each output's sum in double (the product reads its "
+             "matrix once, and its FMAs in double cost nothing beside that; a float32 chain "
+             "over K was twice jnp's error)";
+    });
   if (p.dims.n >= 64 && own.block_m < 64)
     return choose(warptile, [&] {
       const std::string rows = std::to_string(own.block_m);

@@ -62,10 +62,19 @@ from jax_tiled.bench.shapes import Shape, parse_shape
 # The default shapes by backend: a square, a long K, an odd shape, and few
 # rows over a long K (a decoding step's product, which kernels run on tiles of
 # their own: 16-bit into float32 there was 2.7x jnp's error on an H100 before
-# anyone measured it). On a GPU at the sizes the targets name; on a CPU small,
-# so that the view runs in seconds.
+# anyone measured it); on a GPU also one row and one column (matrix-vector
+# products, whose sums jnp's cuBLAS adds as a tree: one row at HIGHEST was
+# 2.2x its error before the row blocks). On a GPU at the sizes the targets
+# name; on a CPU small, so that the view runs in seconds.
 ACCURACY_SHAPES = {
-    "gpu": ("4096^3", "512x8192x512", "1000x800x1200", "16x8192x8192"),
+    "gpu": (
+        "4096^3",
+        "512x8192x512",
+        "1000x800x1200",
+        "16x8192x8192",
+        "1x8192x8192",
+        "8192x8192x1",
+    ),
     "cpu": ("256^3", "128x4096x128", "197x263x131", "16x4096x256"),
 }
 # 16-bit operands into a float32 output also over a very long K: a float32 output

@@ -68,6 +68,12 @@ WIDE_SHAPE = (1024, 8192, 1024)
 # 16 rows over a deep K: warptile's thin 32 x 128 blocks, K cut into parts
 # (in float32, on its float32 mainloop).
 THIN_DEEP_SHAPE = (16, 9000, 136)
+# One row over a deep, odd K: warptile's row blocks (sums in double), K cut
+# into parts, B's quads as single loads where K is contiguous, N off the
+# 128-column block.
+ONE_ROW_DEEP_SHAPE = (1, 9001, 260)
+# One column (a matrix times a vector): the transposed product's row.
+ONE_COLUMN_DEEP_SHAPE = (260, 9001, 1)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 # The emulation presets CUDA runs as products of parts laid along K (their
 # operands split by our CUDA split, blocks/split_parts.cuh, odd columns too; on
@@ -108,6 +114,9 @@ def run_kernel(kernel: str) -> None:
         (THIN_DEEP_SHAPE, np.float32, np.float32),
         # 16 rows in 16-bit inputs on the Hopper kernel: C^T on 128 x 64 tiles, K split.
         (THIN_DEEP_SHAPE, jnp.bfloat16, jnp.bfloat16),
+        (ONE_ROW_DEEP_SHAPE, np.float32, np.float32),
+        (ONE_ROW_DEEP_SHAPE, jnp.bfloat16, np.float32),
+        (ONE_COLUMN_DEEP_SHAPE, np.float32, np.float32),
     ]
     layouts = list(itertools.product((False, True), repeat=2))
     cases = [

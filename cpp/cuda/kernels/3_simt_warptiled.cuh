@@ -37,6 +37,7 @@
 #include "cuda/blocks/blocked_sum.cuh"
 #include "cuda/blocks/common.cuh"
 #include "cuda/blocks/k_parts.cuh"
+#include "cuda/blocks/row_product.cuh"
 
 namespace jax_tiled::cuda {
 
@@ -532,19 +533,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kFloat32MinBlocks)
 // load (the rows of both operands on 16-byte lines; an operand's quads
 // wholly inside or outside the matrix: K a multiple of 4 where they run
 // along K, the free extent where they run along it), and its tiles, rows,
-// columns and slabs counted in 32 bits. Not one row: the kernel for every
-// product sums it closer to float64 (blocked every 128 of K in registers:
-// 2.2e-7 at 1 x 8192 x 8192 on normal inputs where this mainloop's sums,
-// every 256, were 2.9e-7 and jnp's, a dot product a column, 1.0e-7;
-// NOTES.md "Thin blocks on the float32 mainloop"). The planner and the
-// launcher both ask here.
+// columns and slabs counted in 32 bits. The planner and the launcher both
+// ask here.
 template <class Cfg>
 bool Float32LayoutsTake(const MatmulDims& dims, bool a_vector_ok, bool b_vector_ok) {
   constexpr int64_t kMax = 0x7fffffff - 256;
   const bool a_quads_whole = dims.transpose_a ? dims.m % 4 == 0 : dims.k % 4 == 0;
   const bool b_quads_whole = dims.transpose_b ? dims.k % 4 == 0 : dims.n % 4 == 0;
-  return dims.m > 1 && a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole &&
-         dims.m <= kMax && dims.n <= kMax && dims.k <= kMax &&
+  return a_vector_ok && b_vector_ok && a_quads_whole && b_quads_whole && dims.m <= kMax &&
+         dims.n <= kMax && dims.k <= kMax &&
          TileOrder<Cfg::kBlockM, Cfg::kBlockN>(dims).count <= kMax;
 }
 
@@ -586,6 +583,13 @@ using WarpTileLarge = WarpTileConfig<4, 2, 8, 2, false, Float32Mainloop::kToo>;
 using WarpTileWide = WarpTileConfig<2, 2, 8, 3, false, Float32Mainloop::kOnly>;
 using WarpTileSmall = WarpTileConfig<2, 1, 8, 4, true>;
 using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true, Float32Mainloop::kToo, 6>;
+// One row (M = 1), every type: row_product.cuh's kernel, each output's sum in
+// double, 128 columns a block.
+struct WarpTileRow : RowProductShape {
+  static constexpr int kBlockM = 1, kBlockN = kColumns;
+  // Blocks an SM the planner counts on when it cuts K (8 x 256 threads).
+  static constexpr int kMinBlocks = 8;
+};
 
 // Whether every row of every batch of an operand starts 4-element aligned,
 // so groups of 4 can move as one 16-byte (or 2 x 16-byte) access.
@@ -766,7 +770,26 @@ std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWave
 // 64 x 128 blocks (the latter for at most 64 rows) the same way, also where
 // SimtPlan gives 64 x 64 blocks if SimtWaves has the mainloop's ahead of
 // them.
+// One row's plan: WarpTileRow's blocks, K cut into parts (KPartsWanted)
+// where the blocks alone would leave SMs idle; in whole steps of either of
+// B's layouts (LaunchRowProduct's).
+inline LaunchPlan RowPlan(const Product& p, const DeviceFacts& device) {
+  LaunchPlan plan = PlanOf<WarpTileRow>();
+  const MatmulDims dims = RowProductOfOneColumn(p.dims) ? TransposedProduct(p.dims) : p.dims;
+  const int64_t blocks = WarpTileBlocks(dims, WarpTileRow::kBlockM, WarpTileRow::kBlockN);
+  const int64_t wanted =
+      KPartsWanted(blocks, p.dims.k, int64_t{device.multiprocessors} * WarpTileRow::kMinBlocks);
+  plan.split_groups =
+      static_cast<int>(KPartsOf(p.dims.k, wanted, RowProductShape::kStepKContiguous).count);
+  plan.why_this_width =
+      RowProductOfOneColumn(p.dims)
+          ? "one column as the transposed product's row, each output's sum in double"
+          : "one row, each output's sum in double";
+  return plan;
+}
+
 inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
+  if (p.dims.m == 1 || RowProductOfOneColumn(p.dims)) return RowPlan(p, device);
   constexpr const char* kByTheModel =
       "float32's own mainloop, width and K's parts by a model of the waves";
   const LaunchPlan plan = SimtPlan<WarpTileLarge, WarpTileSmall, WarpTileThin>(p, device);
