@@ -763,13 +763,6 @@ std::pair<LaunchPlan, double> FastestInParts(const MatmulDims& d, const SimtWave
   return {plan, best_time};
 }
 
-// warptile's plan: SimtPlan's, but for the float32 products WarpTiledFloat32
-// runs, whose mainloop computes about 1.4 times the FLOPs a second that the
-// 64 x 64 blocks do: those of at most 32 rows take its thin blocks with K in
-// parts as SimtWaves has them finish first; the others its 128 x 128 or
-// 64 x 128 blocks (the latter for at most 64 rows) the same way, also where
-// SimtPlan gives 64 x 64 blocks if SimtWaves has the mainloop's ahead of
-// them.
 // One row's plan: WarpTileRow's blocks, K cut into parts (KPartsWanted)
 // where the blocks alone would leave SMs idle; in whole steps of either of
 // B's layouts (LaunchRowProduct's).
@@ -788,6 +781,13 @@ inline LaunchPlan RowPlan(const Product& p, const DeviceFacts& device) {
   return plan;
 }
 
+// warptile's plan: RowPlan's for one row or one column; else SimtPlan's,
+// but for the float32 products WarpTiledFloat32 runs, whose mainloop
+// computes about 1.4 times the FLOPs a second that the 64 x 64 blocks do:
+// those of at most 32 rows take its thin blocks with K in parts as SimtWaves
+// has them finish first; the others its 128 x 128 or 64 x 128 blocks (the
+// latter for at most 64 rows) the same way, also where SimtPlan gives 64 x
+// 64 blocks if SimtWaves has the mainloop's ahead of them.
 inline LaunchPlan WarpTilePlan(const Product& p, const DeviceFacts& device) {
   if (p.dims.m == 1 || RowProductOfOneColumn(p.dims)) return RowPlan(p, device);
   constexpr const char* kByTheModel =
