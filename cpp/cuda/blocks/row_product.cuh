@@ -39,7 +39,7 @@ struct RowProductShape {
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int kColumns = 128;  // a block's columns: 4 a lane, n contiguous
   static constexpr int kColumnsPerWarp = kColumns / kWarps;  // k contiguous
-  static constexpr int kColumnGroup = 4;                     // ... its columns in flight at once
+  static constexpr int kColumnGroup = 8;                     // ... its columns in flight at once
   // K a block steps by (its part's depth is a multiple): a row a warp with n
   // contiguous, a quad a lane with k contiguous.
   static constexpr int kStepNContiguous = kWarps, kStepKContiguous = 4 * 32;
@@ -81,8 +81,10 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
     if constexpr (!kKContiguous) {
       const int64_t col = col0 + 4 * lane;
       double sums[4] = {0, 0, 0, 0};
+      // Two rows a warp in flight: four or eight ran slower (NOTES.md, "Row
+      // blocks: a group of columns at a time, transposes as stored").
       if (col < dims.n)
-#pragma unroll 4
+#pragma unroll 2
         for (int64_t k = k_begin + warp; k < k_end; k += S::kStepNContiguous) {
           double q[4];
           LoadQuadAsDouble<kVector>(b_batch + k * dims.ldb + col, col, dims.n, q);
@@ -105,10 +107,9 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
       for (int64_t first = col0 + warp * S::kColumnsPerWarp,
                    end = std::min(first + S::kColumnsPerWarp, dims.n);
            first < end; first += S::kColumnGroup) {
-        const In* rows[S::kColumnGroup];
-#pragma unroll
-        for (int c = 0; c < S::kColumnGroup; ++c)
-          rows[c] = b_batch + std::min(first + c, dims.n - 1) * dims.ldb;
+        // Column c of the group is row `first + min(c, last)` of B as stored.
+        const In* const group = b_batch + first * dims.ldb;
+        const int last = static_cast<int>(std::min<int64_t>(S::kColumnGroup, dims.n - first)) - 1;
         double sums[S::kColumnGroup] = {};
 #pragma unroll 1
         for (int64_t k = k_begin + 4 * lane; k < k_end; k += S::kStepKContiguous) {
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
 #pragma unroll
           for (int c = 0; c < S::kColumnGroup; ++c) {
             double q[4];
-            LoadQuadAsDouble<kVector>(rows[c] + k, k, k_end, q);
+            LoadQuadAsDouble<kVector>(group + std::min(c, last) * dims.ldb + k, k, k_end, q);
 #pragma unroll
             for (int j = 0; j < 4; ++j) sums[c] = fma(x[j], q[j], sums[c]);
           }
