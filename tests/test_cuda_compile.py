@@ -105,23 +105,16 @@ def test_warptile_float32_mainloop_does_not_spill(tmp_path):
         for a in layouts
         for b in layouts
     )
-    report = ptxas_report(
-        tmp_path,
-        '#include "cuda/kernels/3_simt_warptiled.cuh"\n'
-        f"namespace jax_tiled::cuda {{\n{instances}}}\n",
-    )
-    compiled = re.findall(r"Compiling entry function '(\w*WarpTiledFloat32\w*)'", report)
-    assert len(compiled) == 12, report[-4000:]
-    assert not spills(report), spills(report)
+    assert_warptile_kernels_do_not_spill(tmp_path, instances, "WarpTiledFloat32", 12)
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
 def test_warptile_row_blocks_do_not_spill(tmp_path):
     """warptile's one-row kernel (RowProduct) holds its double sums and the
     loads in flight (k contiguous: 8 of a warp's 16 columns at a time, a quad
-    of each a lane) in registers, in both of B's layouts, quads as 16-byte loads or single
-    ones, float32 into C or into the parts' double slots, as the launcher
-    instantiates them."""
+    of each a lane) in registers, in both of B's layouts, quads as 16-byte
+    loads or single ones, float32 into C or into the parts' double slots, as
+    the launcher instantiates them."""
     flags = ("true", "false")
     instances = "".join(
         f"template __global__ void RowProduct<{k_contiguous}, {vector}, float, {sum_type}>"
@@ -130,13 +123,19 @@ def test_warptile_row_blocks_do_not_spill(tmp_path):
         for vector in flags
         for sum_type in ("float", "double")
     )
+    assert_warptile_kernels_do_not_spill(tmp_path, instances, "RowProduct", 8)
+
+
+def assert_warptile_kernels_do_not_spill(tmp_path: Path, instances: str, kernel: str, count: int):
+    """ptxas compiles `count` entry functions of `kernel` from warptile's
+    `instances` (explicit instantiations), none of them spilling."""
     report = ptxas_report(
         tmp_path,
         '#include "cuda/kernels/3_simt_warptiled.cuh"\n'
         f"namespace jax_tiled::cuda {{\n{instances}}}\n",
     )
-    compiled = re.findall(r"Compiling entry function '(\w*RowProduct\w*)'", report)
-    assert len(compiled) == 8, report[-4000:]
+    compiled = re.findall(rf"Compiling entry function '(\w*{kernel}\w*)'", report)
+    assert len(compiled) == count, report[-4000:]
     assert not spills(report), spills(report)
 
 
