@@ -208,6 +208,11 @@ class CudaPlan:
     # loads each operand row as whole 16-byte lines (the lowering pads rows
     # off them where that moves auto onto such a plan: padding_to_whole_lines)
     reads_whole_lines: bool
+    # reads an operand stored transposed as fast as one stored plainly (its
+    # kernel, for every product), or faster than XLA's copy and the product
+    # on it (this plan): the lowering then passes a transpose as the kernel's
+    # flag (reads_as_stored)
+    reads_transposes: bool
 
 
 def cuda_plan(

@@ -180,13 +180,16 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
     kernel that took about a tenth of a 4096^3 product's time, 1.7-1.8 times
     that of a 64 x 4096 x 14336 product read as stored, and 2.3-2.8 us with a
     launch before every small one (cpp/cuda/NOTES.md, "Transposed operands
-    read as stored"). For `auto` that kernel must be its choice both ways: as
-    stored, rows the copy engine cannot read would send it to another. And not
-    where the lowering would then copy b instead (copies_b_k_major: float32's
-    `a.T @ b` on wgmma), which saves nothing."""
-    table = {k.name: k for k in _ffi.kernel_table(platform)}
+    read as stored"). So also where the plan reads them faster than the copy
+    and the product on it would take (CudaPlan's `reads_transposes`:
+    warptile's one row or column, which reads its matrix once either way,
+    where the copy reads and writes it once more). For `auto` that kernel
+    must be its choice both ways: as stored, rows the copy engine cannot read
+    would send it to another. And not where the lowering would then copy b
+    instead (copies_b_k_major: float32's `a.T @ b` on wgmma), which saves
+    nothing."""
     if platform != "cuda":
-        return all(k.reads_transposes for k in table.values())
+        return all(k.reads_transposes for k in _ffi.kernel_table(platform))
     dtypes = (np.dtype(run.operand_dtype).name, np.dtype(run.product_dtype).name)
     if kernel == "auto":
         name, name_copied = (
@@ -201,7 +204,10 @@ def reads_as_stored(platform, kernel, run, stored, copied) -> bool:
         return False
     else:
         name = kernel
-    return table[name].reads_transposes and not copies_b_k_major(
+    plan = _ffi.cuda_plan(name, *dtypes, stored, run.precision)
+    if plan is None:  # nothing to compute
+        return True
+    return plan.reads_transposes and not copies_b_k_major(
         platform, kernel, *dtypes, run.precision, stored
     )
 

@@ -111,10 +111,10 @@ def test_warptile_float32_mainloop_does_not_spill(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="no nvcc on PATH")
 def test_warptile_row_blocks_do_not_spill(tmp_path):
     """warptile's one-row kernel (RowProduct) holds its double sums and the
-    loads in flight (k contiguous: 16 columns a warp, a quad of each a lane)
-    in registers: in both of B's layouts, quads as 16-byte loads or single
-    ones, float32 into C or into the parts' double slots, as the launcher
-    instantiates them."""
+    loads in flight (k contiguous: 8 of a warp's 16 columns at a time, a quad
+    of each a lane) in registers, in both of B's layouts, quads as 16-byte
+    loads or single ones, float32 into C or into the parts' double slots, as
+    the launcher instantiates them."""
     flags = ("true", "false")
     instances = "".join(
         f"template __global__ void RowProduct<{k_contiguous}, {vector}, float, {sum_type}>"

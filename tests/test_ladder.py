@@ -225,8 +225,8 @@ def stand_in_rungs(monkeypatch):
     refusals = iter(["", "", "kernel 'blocked' stands in for a refusing rung"])
     plans = iter(
         [
-            _ffi.CudaPlan("one thread per output", 1, 1, 0, 1, 1, 1, False, 0, False),
-            _ffi.CudaPlan("32 x 32 tiles", 32, 32, 0, 1, 1, 1, False, 0, False),
+            _ffi.CudaPlan("one thread per output", 1, 1, 0, 1, 1, 1, False, 0, False, False),
+            _ffi.CudaPlan("32 x 32 tiles", 32, 32, 0, 1, 1, 1, False, 0, False, False),
         ]
     )
     monkeypatch.setattr(ladder, "ladder_rungs", lambda parser, requested: rungs)

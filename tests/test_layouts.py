@@ -174,6 +174,7 @@ A_BT, AT_B = ((1024, 512), (768, 512)), ((512, 1024), (512, 768))  # stored, 102
 SMALL_A_BT, SMALL_AT_B = ((128, 256), (192, 256)), ((256, 128), (256, 192))  # 128 x 256 x 192
 ODD_AT_B = ((512, 1023), (512, 768))  # a's rows of 1023: 2046 bytes
 HIGH_AT_B = ((512, 256), (512, 128))  # 256 x 512 x 128
+ROW_BT, COL_AT_B = ((1, 515), (770, 515)), ((515, 1030), (515, 1))  # odd K and N
 FOLDS_A, FOLDS_B, COPIED = (True, False), (False, True), (False, False)
 CUDA_CASES = [
     ("bf16 a @ b.T", BF16, None, "auto", A_BT, "a @ b.T", FOLDS_B, FOLDS_B),
@@ -190,6 +191,10 @@ CUDA_CASES = [
     ("bf16 a.T @ b, odd rows", BF16, None, "auto", ODD_AT_B, "a.T @ b", COPIED, FOLDS_A),
     # The SIMT kernels were not measured reading transposes as fast.
     ("fp32 highest a @ b.T", F32, "highest", "auto", A_BT, "a @ b.T", COPIED, COPIED),
+    # ... but for one row, or one column, warptile's row blocks read the
+    # matrix once in either layout, where the copy reads and writes it first.
+    ("fp32 highest one row a @ b.T", F32, "highest", "auto", ROW_BT, "a @ b.T", FOLDS_B, FOLDS_B),
+    ("fp32 highest one col a.T @ b", F32, "highest", "auto", COL_AT_B, "a.T @ b", FOLDS_A, FOLDS_A),
     # Forced wgmma refuses 3xTF32's a.T @ b as stored: it gets the copy.
     ("3xtf32 a.T @ b on wgmma", F32, "high", "wgmma", HIGH_AT_B, "a.T @ b", COPIED, COPIED),
 ]

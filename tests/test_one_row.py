@@ -52,6 +52,8 @@ def test_one_row_plans_row_blocks():
     found = highest_plan("warptile", (1, 1, 8192, 8192), **H100)
     assert (found.block_m, found.block_n) == ROW_BLOCK, found
     assert found.text.startswith("1 x 128 tiles, one row, each output's sum in double"), found
+    # Either of B's layouts read once: a transpose passed as the flag (test_layouts.py).
+    assert found.reads_transposes, found
     # 64 blocks for 132 SMs: K in parts, at least 256 deep, whole steps.
     assert found.split_groups > 1 and 8192 // found.split_groups >= 256, found
     assert 8192 // found.split_groups % PART_STEP == 0, found

@@ -256,9 +256,17 @@ PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::strin
   if (!k || !product || NoKernelRuns(shape) || Refusal(*k, *product, gpu.compute_capability))
     return {};
   const LaunchPlan plan = k->plan(*product, FactsOf(gpu));
-  return {plan.Describe(),        plan.block_m,          plan.block_n,      plan.stages,
-          plan.cluster_m,         plan.split_k,          plan.split_groups, plan.swap_ab,
-          plan.persistent_blocks, plan.reads_whole_lines};
+  return {plan.Describe(),
+          plan.block_m,
+          plan.block_n,
+          plan.stages,
+          plan.cluster_m,
+          plan.split_k,
+          plan.split_groups,
+          plan.swap_ab,
+          plan.persistent_blocks,
+          plan.reads_whole_lines,
+          k->takes.reads_transposes || plan.reads_transposes};
 }
 
 std::string KernelRefusal(std::string_view kernel, std::string_view dtype,

@@ -116,6 +116,13 @@ struct LaunchPlan {
   // them, the lowering pads the operands if that moves `auto` onto such a
   // plan (_lowering.padding_to_whole_lines).
   bool reads_whole_lines = false;
+  // This product's plan reads an operand stored transposed in less time than
+  // XLA's copy of it takes before the plan for the copy, where its kernel
+  // does not read transposes as fast as plain layouts for every product
+  // (Takes::reads_transposes): the lowering then passes a transpose as the
+  // kernel's flag instead (warptile's row blocks: either layout reads B
+  // once, the copy reads and writes it once more).
+  bool reads_transposes = false;
   // > 0: the consumers' partial sums hold this many slabs, a configuration's
   // own depth (wgmma's products of parts laid along K: a chunk group); 0:
   // the pass's own.

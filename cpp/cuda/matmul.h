@@ -69,6 +69,7 @@ struct PlanFacts {
   bool swap_ab = false;
   int persistent_blocks = 0;
   bool reads_whole_lines = false;
+  bool reads_transposes = false;  // the kernel's for every product, or this plan's
 };
 PlanFacts KernelPlan(std::string_view kernel, std::string_view dtype, std::string_view out_dtype,
                      const ProblemShape& shape, int precision, const GpuFacts& gpu);

@@ -92,6 +92,7 @@ NB_MODULE(_cuda, m) {
         facts["swap_ab"] = plan.swap_ab;
         facts["persistent_blocks"] = plan.persistent_blocks;
         facts["reads_whole_lines"] = plan.reads_whole_lines;
+        facts["reads_transposes"] = plan.reads_transposes;
         return facts;
       },
       nb::arg("kernel"), nb::arg("dtype"), nb::arg("out_dtype"), nb::arg("batch_a"),

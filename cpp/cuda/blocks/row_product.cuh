@@ -13,9 +13,12 @@
 // - B stored (k, n), n contiguous: lane l of warp w owns columns 4l..4l+3 and
 //   the rows k = w, w + kWarps, ... of the part; a warp reads 512 contiguous
 //   bytes a row. The warps' sums meet in shared memory, added in warp order.
-// - B stored (n, k), k contiguous (a @ b.T): warp w owns kColumns / kWarps
-//   columns, its lanes the quads k = 4l, 4l + 128, ... of each; the lanes'
-//   sums meet by shuffles, as a tree.
+// - B stored (n, k), k contiguous (a @ b.T, and a matrix times a vector):
+//   warp w owns kColumns / kWarps columns and takes them kColumnGroup at a
+//   time, its lanes the quads k = 4l, 4l + 128, ... of each; the lanes' sums
+//   meet by shuffles, as a tree. A group's loads are all in flight at once
+//   (a column past the matrix reads its last one again, its sum unused), and
+//   a group, not the warp's columns, holds registers: several blocks an SM.
 // Quads of B move as one 16-byte load where every row of every batch starts
 // on a 16-byte line and the quads lie wholly inside or outside the matrix
 // (QuadAligned and a whole extent), else as four loads.
@@ -36,6 +39,7 @@ struct RowProductShape {
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int kColumns = 128;  // a block's columns: 4 a lane, n contiguous
   static constexpr int kColumnsPerWarp = kColumns / kWarps;  // k contiguous
+  static constexpr int kColumnGroup = 8;                     // ... its columns in flight at once
   // K a block steps by (its part's depth is a multiple): a row a warp with n
   // contiguous, a quad a lane with k contiguous.
   static constexpr int kStepNContiguous = kWarps, kStepKContiguous = 4 * 32;
@@ -77,8 +81,10 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
     if constexpr (!kKContiguous) {
       const int64_t col = col0 + 4 * lane;
       double sums[4] = {0, 0, 0, 0};
+      // Two rows a warp in flight: four or eight ran slower (NOTES.md, "Row
+      // blocks: a group of columns at a time, transposes as stored").
       if (col < dims.n)
-#pragma unroll 4
+#pragma unroll 2
         for (int64_t k = k_begin + warp; k < k_end; k += S::kStepNContiguous) {
           double q[4];
           LoadQuadAsDouble<kVector>(b_batch + k * dims.ldb + col, col, dims.n, q);
@@ -97,28 +103,35 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
       }
       __syncthreads();  // warp_sums is read before the next batch writes it
     } else {
-      double sums[S::kColumnsPerWarp] = {};
-      const int64_t first = col0 + warp * S::kColumnsPerWarp;
-      for (int64_t k = k_begin + 4 * lane; k < k_end; k += S::kStepKContiguous) {
-        double x[4];
+      static_assert(S::kColumnsPerWarp % S::kColumnGroup == 0, "whole groups a warp");
+      for (int64_t first = col0 + warp * S::kColumnsPerWarp,
+                   end = std::min(first + S::kColumnsPerWarp, dims.n);
+           first < end; first += S::kColumnGroup) {
+        // Column c of the group is row `first + min(c, last)` of B as stored.
+        const In* const group = b_batch + first * dims.ldb;
+        const int last = static_cast<int>(std::min<int64_t>(S::kColumnGroup, dims.n - first)) - 1;
+        double sums[S::kColumnGroup] = {};
+#pragma unroll 1
+        for (int64_t k = k_begin + 4 * lane; k < k_end; k += S::kStepKContiguous) {
+          double x[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          x[j] = k + j < k_end ? ToAccumulator<double>(a_row[(k + j) * a_k_stride]) : 0.0;
+          for (int j = 0; j < 4; ++j)
+            x[j] = k + j < k_end ? ToAccumulator<double>(a_row[(k + j) * a_k_stride]) : 0.0;
 #pragma unroll
-        for (int c = 0; c < S::kColumnsPerWarp; ++c)
-          if (first + c < dims.n) {
+          for (int c = 0; c < S::kColumnGroup; ++c) {
             double q[4];
-            LoadQuadAsDouble<kVector>(b_batch + (first + c) * dims.ldb + k, k, k_end, q);
+            LoadQuadAsDouble<kVector>(group + std::min(c, last) * dims.ldb + k, k, k_end, q);
 #pragma unroll
             for (int j = 0; j < 4; ++j) sums[c] = fma(x[j], q[j], sums[c]);
           }
-      }
+        }
 #pragma unroll
-      for (int c = 0; c < S::kColumnsPerWarp; ++c) {
+        for (int c = 0; c < S::kColumnGroup; ++c) {
 #pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2)
-          sums[c] += __shfl_xor_sync(0xffffffffu, sums[c], offset);
-        if (lane == c && first + c < dims.n) c_row[first + c] = FromAccumulator<Sum>(sums[c]);
+          for (int offset = 16; offset > 0; offset /= 2)
+            sums[c] += __shfl_xor_sync(0xffffffffu, sums[c], offset);
+          if (lane == c && first + c < end) c_row[first + c] = FromAccumulator<Sum>(sums[c]);
+        }
       }
     }
   }

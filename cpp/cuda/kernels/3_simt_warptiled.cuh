@@ -778,6 +778,7 @@ inline LaunchPlan RowPlan(const Product& p, const DeviceFacts& device) {
       RowProductOfOneColumn(p.dims)
           ? "one column as the transposed product's row, each output's sum in double"
           : "one row, each output's sum in double";
+  plan.reads_transposes = true;  // B read once in either layout, A's row or column a vector
   return plan;
 }
 
