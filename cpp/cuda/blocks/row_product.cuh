@@ -22,8 +22,8 @@
 // Quads of B move as one load (16 bytes of float32, 8 of a 16-bit type)
 // where every row of every batch starts on a quad's line and the quads lie
 // wholly inside or outside the matrix (RowProductLoadsQuads), else as four
-// loads. `auto` runs one row or one column here at HIGHEST, and for 16-bit
-// operands (whose tensor-core path reads the matrix no faster).
+// loads. `auto` runs one row or one column here at HIGHEST, and on Hopper
+// for 16-bit operands (where wgmma's C^T would spend 64 of its rows on one).
 #pragma once
 
 #include <cuda_runtime.h>
