@@ -19,6 +19,7 @@ from jax import lax
 
 import jax_tiled
 from helpers import (
+    TENSOR_CORE_KERNELS,
     assert_every_layout_and_type,
     assert_matmul_close,
     errors_beside_jnp,
@@ -91,6 +92,35 @@ def test_auto_runs_one_row_on_the_row_blocks(n):
         S((n, 8192), jnp.float32), S((8192, 1), jnp.float32), precision="highest", backend="gpu"
     )
     assert column.kernel == "warptile" and column.reason.startswith("one column"), column
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_auto_runs_sixteen_bit_rows_on_the_row_blocks(dtype):
+    """16-bit operands: one row, and one column, on the row blocks (the matrix
+    read once bounds the product, not the tensor cores), b as stored or read
+    transposed, into their own type or float32; two rows, and an emulation
+    preset's parts laid along K, on the tensor cores as before."""
+
+    def explain(problem, out=dtype, laid_terms=1):
+        return _ffi.cuda_explain(
+            dtype, out, problem, _ffi.H100_MULTIPROCESSORS, laid_terms=laid_terms
+        )
+
+    for problem in ((1, 1, 1, 8192, 8192, False, False), (1, 1, 1, 8190, 8192, False, True)):
+        for out in (dtype, "float32"):
+            kernel, reason, plan = explain(problem, out)
+            assert kernel == "warptile" and reason.startswith("one row:"), (problem, out, reason)
+            assert plan.startswith("1 x 128 tiles"), plan
+    kernel, reason, _ = explain((1, 1, 8192, 1, 8192, False, False))
+    assert kernel == "warptile" and reason.startswith("one column"), reason
+    assert explain((1, 1, 2, 8192, 8192, False, False))[0] in TENSOR_CORE_KERNELS
+    assert explain((1, 1, 1, 8192, 3 * 8192, False, False), laid_terms=3)[0] == "wgmma"
+    # float32 at DEFAULT stays TF32 on the tensor cores.
+    kernel, _, _ = _ffi.cuda_explain(
+        "float32", "float32", (1, 1, 1, 8192, 8192, False, False), _ffi.H100_MULTIPROCESSORS
+    )
+    assert kernel == "wgmma", kernel
 
 
 @pytest.mark.usefixtures("on_gpu")
