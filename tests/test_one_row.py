@@ -63,10 +63,13 @@ def test_one_row_plans_row_blocks():
     assert highest_plan("warptile", (1, 1, 8192, 300), **H100).split_groups == 1
     # Two rows: the thin blocks, as before.
     assert highest_plan("warptile", (1, 2, 8192, 8192), **H100).block_m == 32
-    # One column (a matrix times a vector): the transposed product's row.
+    # One column (a matrix times a vector): the transposed product's row,
+    # its B read along K, K's parts for the 2 blocks an SM holds of those:
+    # 64 blocks, 2 parts on 132 SMs (8 for one row's layout, above).
     column = highest_plan("warptile", (1, 8192, 1, 8192), **H100)
     assert (column.block_m, column.block_n) == ROW_BLOCK, column
     assert "one column as the transposed product's row" in column.text, column
+    assert (found.split_groups, column.split_groups) == (8, 2), (found, column)
     # Every type: the sums are double whatever the inputs.
     for dtype, out in (("bfloat16", "float32"), ("float64", "float64"), ("float16", "float16")):
         plan = highest_plan("warptile", (1, 1, 4096, 4096), dtype, out, **H100)
@@ -96,25 +99,29 @@ def test_auto_runs_one_row_on_the_row_blocks(n):
 
 @needs_cuda_module
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_auto_runs_sixteen_bit_rows_on_the_row_blocks(dtype):
-    """16-bit operands: one row, and one column, on the row blocks (the matrix
-    read once bounds the product, not the tensor cores), b as stored or read
-    transposed, into their own type or float32; two rows, and an emulation
-    preset's parts laid along K, on the tensor cores as before."""
+def test_auto_runs_sixteen_bit_columns_on_the_row_blocks(dtype):
+    """16-bit operands: one column whose matrix is stored (m, k), into its
+    own type or float32, on the row blocks (each of the matrix's rows read
+    along K, where wgmma's C^T spends 64 of its rows on one); one row, one
+    column of a matrix stored (k, m), two rows, and an emulation preset's
+    parts laid along K on the tensor cores as before."""
 
     def explain(problem, out=dtype, laid_terms=1):
         return _ffi.cuda_explain(
             dtype, out, problem, _ffi.H100_MULTIPROCESSORS, laid_terms=laid_terms
         )
 
-    for problem in ((1, 1, 1, 8192, 8192, False, False), (1, 1, 1, 8190, 8192, False, True)):
-        for out in (dtype, "float32"):
-            kernel, reason, plan = explain(problem, out)
-            assert kernel == "warptile" and reason.startswith("one row:"), (problem, out, reason)
-            assert plan.startswith("1 x 128 tiles"), plan
-    kernel, reason, _ = explain((1, 1, 8192, 1, 8192, False, False))
-    assert kernel == "warptile" and reason.startswith("one column"), reason
-    assert explain((1, 1, 2, 8192, 8192, False, False))[0] in TENSOR_CORE_KERNELS
+    for out in (dtype, "float32"):
+        kernel, reason, plan = explain((1, 1, 8192, 1, 8192, False, False), out)
+        assert kernel == "warptile" and reason.startswith("one column"), (out, reason)
+        assert plan.startswith("1 x 128 tiles"), plan
+    for problem in (
+        (1, 1, 1, 8192, 8192, False, False),
+        (1, 1, 1, 8192, 8192, False, True),
+        (1, 1, 8192, 1, 8192, True, False),
+        (1, 1, 2, 8192, 8192, False, False),
+    ):
+        assert explain(problem)[0] in TENSOR_CORE_KERNELS, problem
     assert explain((1, 1, 1, 8192, 3 * 8192, False, False), laid_terms=3)[0] == "wgmma"
     # float32 at DEFAULT stays TF32 on the tensor cores.
     kernel, _, _ = _ffi.cuda_explain(
