@@ -65,11 +65,12 @@ def test_one_row_plans_row_blocks():
     assert highest_plan("warptile", (1, 2, 8192, 8192), **H100).block_m == 32
     # One column (a matrix times a vector): the transposed product's row,
     # its B read along K, K's parts for the 2 blocks an SM holds of those:
-    # 64 blocks, 2 parts on 132 SMs (8 for one row's layout, above).
+    # 64 blocks in 4 parts for 132 SMs, one wave (16 for one row's layout,
+    # planned at 8 blocks an SM).
     column = highest_plan("warptile", (1, 8192, 1, 8192), **H100)
     assert (column.block_m, column.block_n) == ROW_BLOCK, column
     assert "one column as the transposed product's row" in column.text, column
-    assert (found.split_groups, column.split_groups) == (8, 2), (found, column)
+    assert (found.split_groups, column.split_groups) == (16, 4), (found, column)
     # Every type: the sums are double whatever the inputs.
     for dtype, out in (("bfloat16", "float32"), ("float64", "float64"), ("float16", "float16")):
         plan = highest_plan("warptile", (1, 1, 4096, 4096), dtype, out, **H100)
