@@ -85,14 +85,14 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
                "cluster, whose reduction costs more than the product";
       });
     // One column (more rows than one on the row blocks) of 16-bit operands
-    // as given (not an emulation preset's parts laid along K) whose matrix
-    // is stored (m, k), on a Hopper GPU, where the alternative is wgmma's
-    // C^T: the row blocks read each of the matrix's rows along K, and ran
-    // 8192 x 8192 x 1 in 48 us where wgmma's C^T took 58 (NOTES.md, "Row
-    // blocks' parts of K by the blocks an SM holds"). One row stays on
-    // wgmma, which read it faster there.
+    // as given (not an emulation preset's parts laid along K), on a Hopper
+    // GPU, where the alternative is wgmma's C^T of the column padded to 8:
+    // on one H200 8192 x 8192 x 1 ran in 48 us on the row blocks against 60
+    // (its matrix stored (k, m): 60 against 131; NOTES.md, "Row blocks'
+    // parts of K by the blocks an SM holds"). One row stays on wgmma, which
+    // read it faster there.
     if (cc == 90 && IsSixteenBit(p.in_type) && p.laid_terms == 1 && p.dims.m > 1 &&
-        !p.dims.transpose_a && warptile.plan(p, device).block_m == 1)
+        warptile.plan(p, device).block_m == 1)
       return on_row_blocks(
           "the matrix read once bounds the product, not the tensor cores; wgmma's C^T "
           "would spend 64 of its rows on one");

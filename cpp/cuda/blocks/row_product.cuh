@@ -23,8 +23,8 @@
 // where every row of every batch starts on a quad's line and the quads lie
 // wholly inside or outside the matrix (RowProductLoadsQuads), else as four
 // loads. `auto` runs one row or one column here at HIGHEST, and on Hopper
-// 16-bit operands of one column whose matrix is stored (m, k) (where
-// wgmma's C^T would spend 64 of its rows on one).
+// 16-bit operands of one column (where wgmma's C^T would spend 64 of its
+// rows on one).
 #pragma once
 
 #include <cuda_runtime.h>
