@@ -399,9 +399,13 @@ def padding_to_whole_lines(
         )
         for dims in ((m, n, k), padded)
     )
-    if (as_given and as_given.reads_whole_lines) or not (
-        once_padded and once_padded.reads_whole_lines
-    ):
+    # warptile's row blocks (1-row blocks: one row, or one column as the
+    # transposed product's row) read the matrix once in either layout; a
+    # padded vector would only add a copy and send the product to a plan of
+    # tiles (cpp/cuda/NOTES.md, "Row blocks' parts of K by the blocks an SM holds").
+    if as_given and (as_given.reads_whole_lines or as_given.block_m == 1):
+        return None
+    if not (once_padded and once_padded.reads_whole_lines):
         return None
     (facts,) = (f for f in _ffi.kernel_table("cuda") if f.name == kernel_padded)
     flops = 2 * max(batch_a, batch_b) * m * n * k

@@ -112,18 +112,19 @@ def test_warptile_float32_mainloop_does_not_spill(tmp_path):
 def test_warptile_row_blocks_do_not_spill(tmp_path):
     """warptile's one-row kernel (RowProduct) holds its double sums and the
     loads in flight (k contiguous: 8 of a warp's 16 columns at a time, a quad
-    of each a lane) in registers, in both of B's layouts, quads as 16-byte
-    loads or single ones, float32 into C or into the parts' double slots, as
+    of each a lane) in registers, in both of B's layouts, quads as one load
+    or four, float32 and bfloat16 into C or into the parts' double slots, as
     the launcher instantiates them."""
     flags = ("true", "false")
     instances = "".join(
-        f"template __global__ void RowProduct<{k_contiguous}, {vector}, float, {sum_type}>"
-        f"(MatmulDims, const float*, const float*, {sum_type}*, KParts);\n"
+        f"template __global__ void RowProduct<{k_contiguous}, {vector}, {in_type}, {sum_type}>"
+        f"(MatmulDims, const {in_type}*, const {in_type}*, {sum_type}*, KParts);\n"
         for k_contiguous in flags
         for vector in flags
-        for sum_type in ("float", "double")
+        for in_type in ("float", "__nv_bfloat16")
+        for sum_type in (in_type, "double")
     )
-    assert_warptile_kernels_do_not_spill(tmp_path, instances, "RowProduct", 8)
+    assert_warptile_kernels_do_not_spill(tmp_path, instances, "RowProduct", 16)
 
 
 def assert_warptile_kernels_do_not_spill(tmp_path: Path, instances: str, kernel: str, count: int):

@@ -306,6 +306,10 @@ PADDING_CASES = [
     # Too little work a byte the padding writes for the SIMT kernels.
     ("fp32 highest odd, small", F32, "highest", "auto", (777, 1999, 513), None),
     ("fp32 highest odd, few rows", F32, "highest", "auto", (16, 8193, 8191), None),
+    # One column: warptile's row blocks read the matrix once as given (a
+    # column padded to whole lines would send it to wgmma's tiles).
+    ("bf16 one column", BF16, None, "auto", (8192, 8192, 1), None),
+    ("fp32 highest one column", F32, "highest", "auto", (8192, 8192, 1), None),
     # A forced kernel runs the product as given.
     ("bf16 odd on mma", BF16, None, "mma", (777, 1999, 513), None),
     ("fp32 highest odd on warptile", F32, "highest", "warptile", (3000, 1000, 2999), None),

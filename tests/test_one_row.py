@@ -19,6 +19,7 @@ from jax import lax
 
 import jax_tiled
 from helpers import (
+    TENSOR_CORE_KERNELS,
     assert_every_layout_and_type,
     assert_matmul_close,
     errors_beside_jnp,
@@ -62,10 +63,14 @@ def test_one_row_plans_row_blocks():
     assert highest_plan("warptile", (1, 1, 8192, 300), **H100).split_groups == 1
     # Two rows: the thin blocks, as before.
     assert highest_plan("warptile", (1, 2, 8192, 8192), **H100).block_m == 32
-    # One column (a matrix times a vector): the transposed product's row.
+    # One column (a matrix times a vector): the transposed product's row,
+    # its B read along K, K's parts for the 2 blocks an SM holds of those:
+    # 64 blocks in 4 parts for 132 SMs, one wave (16 for one row's layout,
+    # planned at 8 blocks an SM).
     column = highest_plan("warptile", (1, 8192, 1, 8192), **H100)
     assert (column.block_m, column.block_n) == ROW_BLOCK, column
     assert "one column as the transposed product's row" in column.text, column
+    assert (found.split_groups, column.split_groups) == (16, 4), (found, column)
     # Every type: the sums are double whatever the inputs.
     for dtype, out in (("bfloat16", "float32"), ("float64", "float64"), ("float16", "float16")):
         plan = highest_plan("warptile", (1, 1, 4096, 4096), dtype, out, **H100)
@@ -91,6 +96,38 @@ def test_auto_runs_one_row_on_the_row_blocks(n):
         S((n, 8192), jnp.float32), S((8192, 1), jnp.float32), precision="highest", backend="gpu"
     )
     assert column.kernel == "warptile" and column.reason.startswith("one column"), column
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_auto_runs_sixteen_bit_columns_on_the_row_blocks(dtype):
+    """16-bit operands: one column, its matrix stored (m, k) or (k, m), into
+    its own type or float32, on the row blocks (where wgmma's C^T spends 64
+    of its rows on one); one row, two rows, and an emulation preset's parts
+    laid along K on the tensor cores as before."""
+
+    def explain(problem, out=dtype, laid_terms=1):
+        return _ffi.cuda_explain(
+            dtype, out, problem, _ffi.H100_MULTIPROCESSORS, laid_terms=laid_terms
+        )
+
+    for transpose_a in (False, True):
+        for out in (dtype, "float32"):
+            kernel, reason, plan = explain((1, 1, 8192, 1, 8192, transpose_a, False), out)
+            assert kernel == "warptile" and reason.startswith("one column"), (out, reason)
+            assert plan.startswith("1 x 128 tiles"), plan
+    for problem in (
+        (1, 1, 1, 8192, 8192, False, False),
+        (1, 1, 1, 8192, 8192, False, True),
+        (1, 1, 2, 8192, 8192, False, False),
+    ):
+        assert explain(problem)[0] in TENSOR_CORE_KERNELS, problem
+    assert explain((1, 1, 1, 8192, 3 * 8192, False, False), laid_terms=3)[0] == "wgmma"
+    # float32 at DEFAULT stays TF32 on the tensor cores.
+    kernel, _, _ = _ffi.cuda_explain(
+        "float32", "float32", (1, 1, 1, 8192, 8192, False, False), _ffi.H100_MULTIPROCESSORS
+    )
+    assert kernel == "wgmma", kernel
 
 
 @pytest.mark.usefixtures("on_gpu")

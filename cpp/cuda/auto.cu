@@ -65,6 +65,15 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     if (why) *why = reason();
     return KernelChoice{&kernel, kernel.plan(p, device)};
   };
+  // One row, or one column as the transposed product's row (warptile's plan
+  // of 1-row blocks): the product reads its matrix once, 2 FLOPs an element.
+  const auto on_row_blocks = [&](const char* why_there) {
+    return choose(warptile, [&] {
+      return std::string(p.dims.m == 1 ? "one row"
+                                       : "one column, as the transposed product's row") +
+             ": warptile's row blocks, each output's sum in double (" + why_there + ")";
+    });
+  };
   const int cc = device.compute_capability;
   const bool tf32 = p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
@@ -75,6 +84,18 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
                "where wgmma's 128-wide tiles would leave one SM a tile or split K across a "
                "cluster, whose reduction costs more than the product";
       });
+    // One column (more rows than one on the row blocks) of 16-bit operands
+    // as given (not an emulation preset's parts laid along K), on a Hopper
+    // GPU, where the alternative is wgmma's C^T of the column padded to 8:
+    // on one H200 8192 x 8192 x 1 ran in 48 us on the row blocks against 60
+    // (its matrix stored (k, m): 60 against 131; NOTES.md, "Row blocks'
+    // parts of K by the blocks an SM holds"). One row stays on wgmma, which
+    // read it faster there.
+    if (cc == 90 && IsSixteenBit(p.in_type) && p.laid_terms == 1 && p.dims.m > 1 &&
+        warptile.plan(p, device).block_m == 1)
+      return on_row_blocks(
+          "the matrix read once bounds the product, not the tensor cores; wgmma's C^T "
+          "would spend 64 of its rows on one");
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
         const LaunchPlan plan = wgmma.plan(p, device);
@@ -101,13 +122,9 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   // why_this_width).
   const LaunchPlan own = warptile.plan(p, device);
   if (own.block_m == 1)
-    return choose(warptile, [&] {
-      return std::string(p.dims.m == 1 ? "one row"
-                                       : "one column, as the transposed product's row") +
-             ": warptile's row blocks, each output's sum in double (the product reads its "
-             "matrix once, and its FMAs in double cost nothing beside that; a float32 chain "
-             "over K was twice jnp's error)";
-    });
+    return on_row_blocks(
+        "the product reads its matrix once, and its FMAs in double cost nothing beside "
+        "that; a float32 chain over K was twice jnp's error");
   if (p.dims.n >= 64 && own.block_m < 64)
     return choose(warptile, [&] {
       const std::string rows = std::to_string(own.block_m);

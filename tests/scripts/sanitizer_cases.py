@@ -72,8 +72,11 @@ THIN_DEEP_SHAPE = (16, 9000, 136)
 # into parts, B's quads as single loads where K is contiguous, N off the
 # 128-column block.
 ONE_ROW_DEEP_SHAPE = (1, 9001, 260)
-# One column (a matrix times a vector): the transposed product's row.
+# One column (a matrix times a vector): the transposed product's row; and
+# over a K whole in quads, which move as one load (16 bytes of float32, 8 of
+# bfloat16) in either of B's layouts.
 ONE_COLUMN_DEEP_SHAPE = (260, 9001, 1)
+ONE_COLUMN_QUADS_SHAPE = (260, 9000, 1)
 DTYPES = [jnp.float16, jnp.bfloat16, np.float32, np.float64]
 # The emulation presets CUDA runs as products of parts laid along K (their
 # operands split by our CUDA split, blocks/split_parts.cuh, odd columns too; on
@@ -117,6 +120,9 @@ def run_kernel(kernel: str) -> None:
         (ONE_ROW_DEEP_SHAPE, np.float32, np.float32),
         (ONE_ROW_DEEP_SHAPE, jnp.bfloat16, np.float32),
         (ONE_COLUMN_DEEP_SHAPE, np.float32, np.float32),
+        (ONE_COLUMN_QUADS_SHAPE, np.float32, np.float32),
+        (ONE_COLUMN_QUADS_SHAPE, jnp.bfloat16, jnp.bfloat16),
+        (ONE_COLUMN_QUADS_SHAPE, jnp.bfloat16, np.float32),
     ]
     layouts = list(itertools.product((False, True), repeat=2))
     cases = [

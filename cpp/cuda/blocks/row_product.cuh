@@ -1,7 +1,7 @@
 // One row times B (M = 1: a decode step's vector, a batch of them; or one
 // column, N = 1, as the row of the transposed product), for the SIMT
 // kernel: each output's sum in double. Such a product reads B once and
-// does 2 FLOPs a 4-byte element of it, so it is bound by the memory and its
+// does 2 FLOPs an element of it, so it is bound by the memory and its
 // FMAs in double cost nothing measurable, where a float32 chain over K was
 // twice jnp's error at 1 x 8192 x 8192 (cuBLAS's matrix-vector product sums
 // each output as a tree; NOTES.md, "One row, its sums in double"). The sums
@@ -19,15 +19,19 @@
 //   meet by shuffles, as a tree. A group's loads are all in flight at once
 //   (a column past the matrix reads its last one again, its sum unused), and
 //   a group, not the warp's columns, holds registers: several blocks an SM.
-// Quads of B move as one 16-byte load where every row of every batch starts
-// on a 16-byte line and the quads lie wholly inside or outside the matrix
-// (QuadAligned and a whole extent), else as four loads.
+// Quads of B move as one load (16 bytes of float32, 8 of a 16-bit type)
+// where every row of every batch starts on a quad's line and the quads lie
+// wholly inside or outside the matrix (RowProductLoadsQuads), else as four
+// loads. `auto` runs one row or one column here at HIGHEST, and on Hopper
+// 16-bit operands of one column (where wgmma's C^T would spend 64 of its
+// rows on one).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/blocks/common.cuh"
@@ -39,7 +43,11 @@ struct RowProductShape {
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int kColumns = 128;  // a block's columns: 4 a lane, n contiguous
   static constexpr int kColumnsPerWarp = kColumns / kWarps;  // k contiguous
-  static constexpr int kColumnGroup = 8;                     // ... its columns in flight at once
+  static constexpr int kColumnGroup = 8;  // k contiguous: a warp's columns in flight at once
+  // n contiguous: rows a warp in flight, twice as many for 16-bit B, whose
+  // quads are 8 bytes.
+  template <class In>
+  static constexpr int kRowsInFlight = sizeof(In) == 2 ? 4 : 2;
   // K a block steps by (its part's depth is a multiple): a row a warp with n
   // contiguous, a quad a lane with k contiguous.
   static constexpr int kStepNContiguous = kWarps, kStepKContiguous = 4 * 32;
@@ -54,6 +62,12 @@ __device__ __forceinline__ void LoadQuadAsDouble(const In* p, int64_t at, int64_
   if constexpr (kVector && sizeof(In) == 4) {
     const float4 v = __ldg(reinterpret_cast<const float4*>(p));
     q[0] = v.x, q[1] = v.y, q[2] = v.z, q[3] = v.w;
+  } else if constexpr (kVector && sizeof(In) == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    In e[4];
+    memcpy(e, &v, sizeof(v));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = ToAccumulator<double>(e[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < 4; ++j) q[j] = at + j < limit ? ToAccumulator<double>(p[j]) : 0.0;
@@ -81,10 +95,11 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
     if constexpr (!kKContiguous) {
       const int64_t col = col0 + 4 * lane;
       double sums[4] = {0, 0, 0, 0};
-      // Two rows a warp in flight: four or eight ran slower (NOTES.md, "Row
-      // blocks: a group of columns at a time, transposes as stored").
+      // Two float32 rows a warp in flight: four or eight ran slower (NOTES.md,
+      // "Row blocks: a group of columns at a time, transposes as stored").
+      constexpr int kRows = S::template kRowsInFlight<In>;
       if (col < dims.n)
-#pragma unroll 2
+#pragma unroll kRows
         for (int64_t k = k_begin + warp; k < k_end; k += S::kStepNContiguous) {
           double q[4];
           LoadQuadAsDouble<kVector>(b_batch + k * dims.ldb + col, col, dims.n, q);
@@ -103,14 +118,15 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
       }
       __syncthreads();  // warp_sums is read before the next batch writes it
     } else {
-      static_assert(S::kColumnsPerWarp % S::kColumnGroup == 0, "whole groups a warp");
+      constexpr int kGroup = S::kColumnGroup;
+      static_assert(S::kColumnsPerWarp % kGroup == 0, "whole groups a warp");
       for (int64_t first = col0 + warp * S::kColumnsPerWarp,
                    end = std::min(first + S::kColumnsPerWarp, dims.n);
-           first < end; first += S::kColumnGroup) {
+           first < end; first += kGroup) {
         // Column c of the group is row `first + min(c, last)` of B as stored.
         const In* const group = b_batch + first * dims.ldb;
-        const int last = static_cast<int>(std::min<int64_t>(S::kColumnGroup, dims.n - first)) - 1;
-        double sums[S::kColumnGroup] = {};
+        const int last = static_cast<int>(std::min<int64_t>(kGroup, dims.n - first)) - 1;
+        double sums[kGroup] = {};
 #pragma unroll 1
         for (int64_t k = k_begin + 4 * lane; k < k_end; k += S::kStepKContiguous) {
           double x[4];
@@ -118,7 +134,7 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
           for (int j = 0; j < 4; ++j)
             x[j] = k + j < k_end ? ToAccumulator<double>(a_row[(k + j) * a_k_stride]) : 0.0;
 #pragma unroll
-          for (int c = 0; c < S::kColumnGroup; ++c) {
+          for (int c = 0; c < kGroup; ++c) {
             double q[4];
             LoadQuadAsDouble<kVector>(group + std::min(c, last) * dims.ldb + k, k, k_end, q);
 #pragma unroll
@@ -126,7 +142,7 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
           }
         }
 #pragma unroll
-        for (int c = 0; c < S::kColumnGroup; ++c) {
+        for (int c = 0; c < kGroup; ++c) {
 #pragma unroll
           for (int offset = 16; offset > 0; offset /= 2)
             sums[c] += __shfl_xor_sync(0xffffffffu, sums[c], offset);
@@ -137,14 +153,15 @@ __global__ void __launch_bounds__(RowProductShape::kThreads)
   }
 }
 
-// Whether B's quads move as one 16-byte load: float32 (the only 4-byte
-// type), every row of every batch on a 16-byte line, and an extent along the
-// contiguous axis (n, or K) whole in quads, so no quad straddles its end.
+// Whether B's quads move as one load (16 bytes of float32, 8 of a 16-bit
+// type): every row of every batch starting on a quad's line, and an extent
+// along the contiguous axis (n, or K) whole in quads, so no quad straddles
+// its end.
 template <class In>
 bool RowProductLoadsQuads(const MatmulDims& dims, const In* b) {
   const int64_t contiguous = dims.transpose_b ? dims.k : dims.n;
-  return sizeof(In) == 4 && contiguous % 4 == 0 && dims.ldb % 4 == 0 &&
-         dims.b_batch_stride % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
+  return (sizeof(In) == 4 || sizeof(In) == 2) && contiguous % 4 == 0 && dims.ldb % 4 == 0 &&
+         dims.b_batch_stride % 4 == 0 && reinterpret_cast<uintptr_t>(b) % (4 * sizeof(In)) == 0;
 }
 
 // One column (N = 1, M > 1: a matrix times a vector) as the one row of the

@@ -587,8 +587,13 @@ using WarpTileThin = WarpTileConfig<1, 2, 8, 4, true, Float32Mainloop::kToo, 6>;
 // double, 128 columns a block.
 struct WarpTileRow : RowProductShape {
   static constexpr int kBlockM = 1, kBlockN = kColumns;
-  // Blocks an SM the planner counts on when it cuts K (8 x 256 threads).
-  static constexpr int kMinBlocks = 8;
+  // Blocks an SM the planner counts on when it cuts K, by B's layout: as
+  // many as an SM holds of the k-contiguous ones (128 registers a thread:
+  // 2); 8 of the n-contiguous ones (of 48 registers, 5 held), as measured
+  // when they landed. Counting 8 of the k-contiguous ones made 8192 x 8192 x
+  // 1 four waves of blocks where one does (NOTES.md, "Row blocks' parts of
+  // K by the blocks an SM holds").
+  static constexpr int kMinBlocksKContiguous = 2, kMinBlocksNContiguous = 8;
 };
 
 // Whether every row of every batch of an operand starts 4-element aligned,
@@ -770,8 +775,9 @@ inline LaunchPlan RowPlan(const Product& p, const DeviceFacts& device) {
   LaunchPlan plan = PlanOf<WarpTileRow>();
   const MatmulDims dims = RowProductOfOneColumn(p.dims) ? TransposedProduct(p.dims) : p.dims;
   const int64_t blocks = WarpTileBlocks(dims, WarpTileRow::kBlockM, WarpTileRow::kBlockN);
-  const int64_t wanted =
-      KPartsWanted(blocks, p.dims.k, int64_t{device.multiprocessors} * WarpTileRow::kMinBlocks);
+  const int per_sm =
+      dims.transpose_b ? WarpTileRow::kMinBlocksKContiguous : WarpTileRow::kMinBlocksNContiguous;
+  const int64_t wanted = KPartsWanted(blocks, p.dims.k, int64_t{device.multiprocessors} * per_sm);
   plan.split_groups =
       static_cast<int>(KPartsOf(p.dims.k, wanted, RowProductShape::kStepKContiguous).count);
   plan.why_this_width =
