@@ -311,10 +311,17 @@ def test_ab_bench_summarizes_the_jsons_of_a_run_cut_short(tmp_path, capsys):
     for name, r, ms in (("after", 1, 0.02), ("before", 1, 0.03), ("after", 2, 0.025)):
         (tmp_path / f"ab_{name}_{r}.json").write_text(json.dumps({"rows": [{**row, "ms": ms}]}))
     (tmp_path / "ab_other_1.json").write_text("not a bench JSON")  # not one of the builds
-    assert ab.main(["unused", "--summarize", "--out", str(tmp_path)]) == 0
+    assert ab.main(["--summarize", "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "1024^3 float32 default | 0.02 / 0.03 | 0.025 / - | - / -, - / -"
-    assert ab.main(["unused", "--summarize", "--out", str(tmp_path / "empty")]) == 1
+    assert ab.main(["--summarize", "--out", str(tmp_path / "empty")]) == 1
+
+
+def test_ab_bench_asks_for_the_build_before_but_to_summarize(capsys):
+    ab = load_ab_bench()
+    with pytest.raises(SystemExit):
+        ab.main(["--", "--shapes", "4096^3"])
+    assert "the build before (its sources or wheel) is needed" in capsys.readouterr().err
 
 
 def test_ab_bench_refuses_a_directory_that_is_not_a_build(tmp_path, capsys):

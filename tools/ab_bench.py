@@ -16,7 +16,8 @@ measured up to 8% between processes). A round whose process fails or passes
 runs take about 100 s a process. `--no-build` reuses both builds (they
 are built as CMAKE_ARGS says: -DCMAKE_CUDA_ARCHITECTURES=90a for Hopper only).
 The JSON of each process lands in --out (default $OUT, else ./ab_out);
-`--summarize` prints the summary of the JSONs there (of a call cut short).
+`--summarize` (no build before needed) prints the summary of the JSONs there
+(of a call cut short).
 
 Neither build need run on the device machine: the first argument may be a
 wheel of the build before (tools/prebuild_hopper.sh SOURCES OUT, here), which
@@ -149,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "before", type=Path, help="the sources of the build before the change, or its wheel"
+        "before",
+        type=Path,
+        nargs="?",
+        help="the sources of the build before the change, or its wheel (not with --summarize)",
     )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=240.0, help="seconds a benchmark process")
@@ -170,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = load_runs(args.out)
         print("\n".join(summarize(runs)) if runs else f"no ab_*_*.json in {args.out}")
         return 0 if runs else 1
+    if args.before is None:
+        p.error("the build before (its sources or wheel) is needed, but with --summarize")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     if not (args.before / "pyproject.toml").is_file() and not (
