@@ -328,13 +328,18 @@ def assert_special_values_across_k(
     assert_matmul_close(rest, a[3:], b, platform="cuda", precision=precision, out_dtype=out_dtype)
 
 
-def errors_beside_jnp(a, b, precision=HIGHEST) -> dict:
+def errors_beside_jnp(a, b, precision=HIGHEST, peer_precision=None) -> dict:
     """{"ours": ..., "jnp": ...}: the relative Frobenius error against float64
-    of jax_tiled.matmul's product of a and b and of jnp.matmul's."""
+    of jax_tiled.matmul's product of a and b at `precision` and of
+    jnp.matmul's at `peer_precision` (the same where None)."""
     want = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
     errors = {}
-    for name, product in (("ours", jax_tiled.matmul), ("jnp", jnp.matmul)):
-        got = np.asarray(product(a, b, precision=precision), np.float64)
+    peer_precision = precision if peer_precision is None else peer_precision
+    for name, product, at in (
+        ("ours", jax_tiled.matmul, precision),
+        ("jnp", jnp.matmul, peer_precision),
+    ):
+        got = np.asarray(product(a, b, precision=at), np.float64)
         errors[name] = np.linalg.norm(got - want) / np.linalg.norm(want)
     return errors
 

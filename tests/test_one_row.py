@@ -130,6 +130,35 @@ def test_auto_runs_sixteen_bit_columns_on_the_row_blocks(dtype):
     assert kernel == "wgmma", kernel
 
 
+@needs_cuda_module
+def test_auto_runs_float32_high_rows_and_columns_on_the_row_blocks():
+    """float32 at HIGH of one row or one column, b as stored or read
+    transposed: the row blocks' sums in double (3xTF32's float32 sums over K
+    were 1.5-3.2x jnp HIGHEST's error there); two rows and the large
+    products stay on the tensor cores' 3xTF32."""
+    HIGH = lax.Precision.HIGH
+
+    def explain(problem):
+        return _ffi.cuda_explain("float32", "float32", problem, _ffi.H100_MULTIPROCESSORS, HIGH)
+
+    for problem in (
+        (1, 1, 1, 8192, 8192, False, False),
+        (1, 1, 1, 8192, 8192, False, True),
+        (1, 1, 8192, 1, 8192, False, False),
+        (1, 1, 8192, 1, 8192, True, False),
+        (4, 4, 1, 300, 5000, False, False),
+    ):
+        kernel, reason, plan = explain(problem)
+        assert kernel == "warptile" and "float32 at HIGH" in reason, (problem, reason)
+        assert plan.startswith("1 x 128 tiles"), (problem, plan)
+    for problem in ((1, 1, 2, 8192, 8192, False, False), (1, 1, 4096, 4096, 4096, False, False)):
+        assert explain(problem)[0] in TENSOR_CORE_KERNELS, problem
+    found = jax_tiled.explain(
+        S((1, 8192), jnp.float32), S((8192, 4096), jnp.float32), precision="high", backend="gpu"
+    )
+    assert found.kernel == "warptile" and found.reason.startswith("one row:"), found
+
+
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -188,18 +217,20 @@ def test_bitwise_the_same_run_to_run(rng):
 
 @pytest.mark.usefixtures("on_gpu")
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["highest", "high"])
 @pytest.mark.parametrize("inputs", ["positive", "normal"])
 @pytest.mark.parametrize("column", [False, True], ids=["row", "column"])
-def test_long_k_no_less_accurate_than_jnp(rng, inputs, column):
-    """1 x 8192 x 8192 and 8192 x 8192 x 1 at HIGHEST: the float32 chains
-    over K were 2.2x jnp's error on normal inputs at one row (one column ran
-    smem16, its chains K long), where jnp's matrix-vector product sums each
-    output as a tree; sums in double are rounded once."""
+def test_long_k_no_less_accurate_than_jnp(rng, inputs, column, precision):
+    """1 x 8192 x 8192 and 8192 x 8192 x 1 at HIGHEST and HIGH against jnp
+    at HIGHEST (HIGH's bound): the float32 chains over K were 2.2x jnp's
+    error on normal inputs at one row (one column ran smem16, its chains K
+    long), and HIGH's 3xTF32 on wgmma 1.5-3.2x, where jnp's matrix-vector
+    product sums each output as a tree; sums in double are rounded once."""
     k, n = 8192, 8192
     draw = (lambda s: rng.uniform(0.5, 1.5, s)) if inputs == "positive" else rng.standard_normal
     shapes = ((n, k), (k, 1)) if column else ((1, k), (k, n))
     a, b = (draw(s).astype(np.float32) for s in shapes)
-    errors = errors_beside_jnp(a, b)
+    errors = errors_beside_jnp(a, b, precision=precision, peer_precision=HIGHEST)
     assert errors["ours"] <= errors["jnp"], errors
 
 
