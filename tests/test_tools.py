@@ -623,6 +623,8 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     a --section is asked besides the default ones; an ncu that prints no table
     is an error naming the product."""
     root = Path(__file__).resolve().parent.parent
+    ncu_tool = load_repository_module("tools/ncu_products.py")
+    stall_metric, STALL_REASONS = ncu_tool.stall_metric, ncu_tool.STALL_REASONS
     header = ["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
     main_kernel = "void WgmmaMatmul<WgmmaConfig<256, 4, 2, 1>, WgmmaOperands<__half>>(Params)"
     metrics = [
@@ -631,6 +633,10 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
         ("0", main_kernel, "Cluster Size", "", "2"),
         ("0", main_kernel, "L2 Cache Throughput", "%", "75.44"),
         ("0", main_kernel, "lts__t_sectors_op_read.sum", "sector", "25,967,168"),
+        ("0", main_kernel, "Warp Cycles Per Issued Instruction", "cycle", "7.58"),
+        ("0", main_kernel, stall_metric("barrier"), "", "0.5"),
+        ("0", main_kernel, stall_metric("wait"), "", "2.25"),
+        ("0", main_kernel, stall_metric("long_scoreboard"), "", "1.0"),
         ("1", "loop_reduce_fusion", "Duration", "ns", "9408"),
         ("1", "loop_reduce_fusion", "dram__bytes_read.sum", "byte", "16782080"),
     ]
@@ -699,6 +705,18 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     assert [r["implementation"] for r in json.loads(out.read_text())["rows"]] == [
         "ours", "jnp", "pallas"
     ]  # fmt: skip
+    # --stalls: every reason's metric asked, and a second table, a row a
+    # launch: ncu's cycles an issue, the listed reasons' sum, the largest first.
+    asked.unlink()
+    done = ncu_products(EXTRA="--stalls")
+    assert done.returncode == 0, done.stdout + done.stderr
+    asked_metrics = asked.read_text().splitlines()[0].split("--metrics ")[1].split()[0]
+    assert all(stall_metric(r) in asked_metrics.split(",") for r in STALL_REASONS)
+    stall_rows = [line for line in done.stdout.splitlines() if line.count(" | ") == 5]
+    assert stall_rows[1].split(" | ")[3:] == [
+        "7.58", "3.75", "wait 2.25, long_scoreboard 1.00, barrier 0.50 |"
+    ], done.stdout  # fmt: skip
+    assert stall_rows[2].split(" | ")[3:] == ["", "", " |"], done.stdout
     # A name that is no config is refused before anything runs under ncu.
     asked.unlink()
     refused = ncu_products(EXTRA="--pallas 128x128x64")

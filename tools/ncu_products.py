@@ -3,7 +3,7 @@
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
         [--pallas 128x128x64.s4.wgN.gN8.cM] [--timeout 300]
-        [--section WarpStateStats --section SchedulerStats]
+        [--section WarpStateStats --section SchedulerStats] [--stalls]
         [--metric lts__t_sectors_srcunit_tex_op_read.sum]
 
 On the GPU machine, with the package installed. Each product runs once to
@@ -17,7 +17,10 @@ time, blocks (cluster size), SM, L2 and DRAM throughput in % of peak, and
 the bytes read through L2 and from DRAM. ncu's SpeedOfLight, LaunchStats and
 Occupancy sections are read (Occupancy's "Max Active Clusters" says how many
 clusters of a kernel's size the GPU holds at once), and any `--section` named
-besides (WarpStateStats: where the warps stall) and any `--metric`; the JSON
+besides (WarpStateStats: where the warps stall) and any `--metric`;
+`--stalls` reads each stall reason's warps per issued instruction too (the
+parts of WarpStateStats's cycles per issued instruction, which its tables,
+not read here, break down) and prints them per launch; the JSON
 keeps every metric of every launch (the tables some sections print are not
 read). Each product takes about a minute under ncu (jnp's
 autotuning runs outside the profiled range but inside the process). Each
@@ -49,6 +52,22 @@ METRICS = (
     "lts__t_sector_hit_rate.pct",
 )
 SECTOR_BYTES = 32
+# Why warps wait (--stalls): each reason's average count of warps stalled on
+# it per issued instruction; together they make ncu's "Warp Cycles Per
+# Issued Instruction" (WarpStateStats), which the table prints beside their
+# sum, so that a reason not listed here shows as the difference.
+STALL_REASONS = (
+    "long_scoreboard", "barrier", "wait", "math_pipe_throttle", "mio_throttle",
+    "short_scoreboard", "not_selected", "lg_throttle", "membar", "drain", "imc_miss",
+    "dispatch_stall",
+)  # fmt: skip
+STALL_SHOWN = 5  # the largest reasons a launch's row names
+
+
+def stall_metric(reason: str) -> str:
+    return f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+
+
 PEER = "jnp.matmul"
 PALLAS_CONFIGS = [config.name for config in pallas.CONFIGS]
 
@@ -159,6 +178,32 @@ def summary(launch: dict) -> dict:
     }
 
 
+def stall_table(rows: list[dict]) -> str:
+    """A markdown table of why each launch's warps wait (--stalls): the
+    cycles a warp takes per issued instruction (ncu's, where WarpStateStats
+    was read), the listed reasons' sum, and the largest reasons."""
+    lines = [
+        "| product | implementation | kernel | cycles an issue | listed | largest stalls |",
+        "|" + "---|" * 6,
+    ]
+    for row in rows:
+        for launch in row["launches"]:
+            stalls = {r: launch.get(stall_metric(r)) for r in STALL_REASONS}
+            stalls = {r: v for r, v in stalls.items() if isinstance(v, float)}
+            largest = sorted(stalls.items(), key=lambda item: -item[1])[:STALL_SHOWN]
+            total = launch.get("Warp Cycles Per Issued Instruction")
+            cells = [
+                row["product"],
+                row["implementation"],
+                short_name(launch["kernel"]),
+                f"{total:.2f}" if isinstance(total, float) else "",
+                f"{sum(stalls.values()):.2f}" if stalls else "",
+                ", ".join(f"{reason} {value:.2f}" for reason, value in largest),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """A markdown table, a row a launch."""
     fields = ("us", "blocks", "cluster", "sm_pct", "l2_pct", "dram_pct", "l2_read_mb")
@@ -211,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         help="an ncu metric read besides the default ones (repeatable)",
     )
     p.add_argument(
+        "--stalls",
+        action="store_true",
+        help="also read why warps wait (ncu's stall reasons: warps stalled per issued "
+        "instruction, by reason) and print them per launch in a second table",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -231,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     ncu = shutil.which("ncu")
     if ncu is None:
         p.error("ncu (Nsight Compute) is not on PATH")
+    metrics = [*args.metric, *(map(stall_metric, STALL_REASONS) if args.stalls else ())]
     rows, failed = [], 0
     # The C locale: ncu prints numbers without thousands separators there.
     env = {**os.environ, "LC_ALL": "C"}
@@ -239,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         implementations += [("pallas", pallas.PROBE_PREFIX + name) for name in args.pallas]
         for implementation, kernel in implementations:
             command = ncu_command(
-                ncu, kernel, shape, args.dtype, args.precision, args.section, args.metric
+                ncu, kernel, shape, args.dtype, args.precision, args.section, metrics
             )
             print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
             status, out, err = run_in_own_group(command, env, args.timeout)
@@ -259,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                  "launches": launches}
             )  # fmt: skip
     print(table(rows))
+    if args.stalls:
+        print()
+        print(stall_table(rows))
     if args.json:
         import jax
 
@@ -268,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             "jax_version": jax.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv[1:] if argv is None else argv,
-            "ncu_flags": ncu_flags(args.section, args.metric),
+            "ncu_flags": ncu_flags(args.section, metrics),
             "rows": rows,
         }
         with open(args.json, "w") as f:
