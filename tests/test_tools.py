@@ -651,13 +651,42 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     canned.write_text(
         "the program's own output\n==PROF== Connected\n" + table.getvalue() + other_table
     )
+    # The source page (--source): per kernel its name, a header, a row an
+    # instruction (address, SASS, samples, executions, stall reasons' samples).
+    source = io.StringIO()
+    writer = csv.writer(source, quoting=csv.QUOTE_ALL)
+    columns = ["Address", "Source", "# Samples", "Instructions Executed", "stall_barrier",
+               "stall_long_sb", "stall_selected", "stall_barrier (Not Issued)"]  # fmt: skip
+    writer.writerow(["Kernel Name", main_kernel, ""])
+    writer.writerow(columns)
+    for address, sass, samples, barrier, long_sb in [
+        ("0x10", "      LDC R1, c[0x0][0x28]", 1, 0, 0),
+        ("0x20", "      @!P0  BRA 0x90", 30, 0, 29),
+        ("0x30", "      FSETP.GEU.AND P4, PT, |R105|, +INF , PT", 2, 0, 0),
+        ("0x40", "      WARPGROUP.DEPBAR.LE gsb0, 0x0", 60, 58, 0),
+        ("0x50", "      NOP", 0, 0, 0),
+    ]:
+        writer.writerow(
+            [address, sass, samples, 64, barrier, long_sb, samples - barrier - long_sb, 0]
+        )
+    writer.writerow(["Kernel Name", "loop_reduce_fusion", ""])
+    writer.writerow(columns)
+    writer.writerow(["0x10", "      EXIT", 7, 1, 0, 0, 7, 0])
+    source_page = tmp_path / "source.csv"
+    source_page.write_text("==PROF== Connected\n" + source.getvalue())
     bin_dir, asked = tmp_path / "bin", tmp_path / "asked.log"
     bin_dir.mkdir()
     (bin_dir / "ncu").write_text(
         f'#!/bin/bash\necho "$*" >> {asked}\n'
-        f'[[ -n $NO_TABLE ]] && {{ echo "==ERROR== no kernels"; exit 1; }}\ncat {canned}\n'
+        f'[[ -n $NO_TABLE ]] && {{ echo "==ERROR== no kernels"; exit 1; }}\n'
+        f'[[ "$*" == *"--page source"* ]] && {{ cat {source_page}; exit 0; }}\ncat {canned}\n'
     )
     (bin_dir / "ncu").chmod(0o755)
+    # The JSON's device: nvidia-smi's name for the GPU, asked by index.
+    (bin_dir / "nvidia-smi").write_text(
+        '#!/bin/bash\n[[ "$*" == *"-i 3"* ]] && echo "NVIDIA H200"\n'
+    )
+    (bin_dir / "nvidia-smi").chmod(0o755)
     out = tmp_path / "ncu.json"
 
     def ncu_products(EXTRA="", **env):
@@ -717,6 +746,40 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
         "7.58", "3.75", "wait 2.25, long_scoreboard 1.00, barrier 0.50 |"
     ], done.stdout  # fmt: skip
     assert stall_rows[2].split(" | ")[3:] == ["", "", " |"], done.stdout
+    # --source 2 --no-peer: ours alone, profiled twice (the metrics, then the
+    # source page); per kernel its samples' stall shares and the 2
+    # instructions with the most samples, in program order.
+    asked.unlink()
+    done = ncu_products(EXTRA="--source 2 --no-peer", CUDA_VISIBLE_DEVICES="3,1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = asked.read_text().splitlines()
+    assert len(lines) == 2 and all(
+        x.endswith("--probe auto 512x8192x512 bfloat16 default") for x in lines
+    )
+    assert "--section SourceCounters --page source --print-source sass" in lines[1]
+    assert "--metrics" not in lines[1] and "--metrics" in lines[0]
+    assert (
+        "WgmmaMatmul<WgmmaConfig<256, 4, 2, 1>>: 93 samples; stalls barrier 62.4%, long_sb 31.2%"
+        in done.stdout
+    )
+    report = [
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith("| 1 |") or line.startswith("| 3 |")
+    ]
+    assert report == [
+        "| 1 | `@!P0  BRA 0x90` | 32.3 | 64 | long_sb 29, selected 1 |",
+        "| 3 | `WARPGROUP.DEPBAR.LE gsb0, 0x0` | 64.5 | 64 | barrier 58, selected 2 |",
+    ], done.stdout
+    assert "loop_reduce_fusion: 7 samples; stalls selected 100.0%" in done.stdout
+    record = json.loads(out.read_text())
+    assert record["device"] == "NVIDIA H200" and "--page" in record["source_flags"]
+    assert [r["implementation"] for r in record["rows"]] == ["ours"]
+    top = record["rows"][0]["source"][0]["top"]
+    assert [(i["index"], i["samples"]) for i in top] == [(1, 30), (3, 60)]
+    # Where nvidia-smi does not name the GPU, the JSON says so.
+    ncu_products(EXTRA="--no-peer", CUDA_VISIBLE_DEVICES="0")
+    assert json.loads(out.read_text())["device"] == "unknown"
     # A name that is no config is refused before anything runs under ncu.
     asked.unlink()
     refused = ncu_products(EXTRA="--pallas 128x128x64")
@@ -767,6 +830,25 @@ def test_ncu_products_kills_a_product_past_its_time(tmp_path):
     stopped.send_signal(signal.SIGTERM)
     assert stopped.wait(timeout=30) == 128 + signal.SIGTERM
     assert _gone(int(pids.read_text().split()[0]))
+
+
+def test_ncu_products_waits_for_a_killed_group_to_end():
+    """group_running sees a process group's running processes (a killed
+    product's python outlives ncu by a moment); wait_for_group_end returns
+    once none is left, at most its seconds."""
+    ncu_tool = load_repository_module("tools/ncu_products.py")
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert ncu_tool.group_running(sleeper.pid)
+        started = time.monotonic()
+        ncu_tool.wait_for_group_end(sleeper.pid, seconds=1.0)  # still running: gives up
+        assert 1.0 <= time.monotonic() - started < 10
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        ncu_tool.wait_for_group_end(sleeper.pid, seconds=10.0)
+        assert not ncu_tool.group_running(sleeper.pid)  # a zombie until reaped: not running
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_test_shards_deal_every_file_once_by_its_time(tmp_path):

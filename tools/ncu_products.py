@@ -3,8 +3,8 @@
     python3 tools/ncu_products.py --shapes 1024x32768x1024,512x8192x512 \
         [--dtype bfloat16] [--precision default] [--kernel auto] [--json ncu.json]
         [--pallas 128x128x64.s4.wgN.gN8.cM] [--timeout 300]
-        [--section WarpStateStats --section SchedulerStats] [--stalls]
-        [--metric lts__t_sectors_srcunit_tex_op_read.sum]
+        [--section WarpStateStats --section SchedulerStats] [--stalls] [--source 30]
+        [--metric lts__t_sectors_srcunit_tex_op_read.sum] [--no-peer]
 
 On the GPU machine, with the package installed. Each product runs once to
 compile and warm up, then once under ncu (the ladder's probe, `python -m
@@ -22,17 +22,28 @@ besides (WarpStateStats: where the warps stall) and any `--metric`;
 parts of WarpStateStats's cycles per issued instruction, which its tables,
 not read here, break down) and prints them per launch; the JSON
 keeps every metric of every launch (the tables some sections print are not
-read). Each product takes about a minute under ncu (jnp's
-autotuning runs outside the profiled range but inside the process). Each
-runs in a process group of its own, killed whole past `--timeout` or when
-this script is stopped: a profiled product outliving its ncu held the GPU,
-and the next product then failed to start (2026-11-26).
+read). `--source N` profiles each product once more for ncu's warp samples
+per SASS instruction (SourceCounters, its source page) and prints, per
+kernel launched, the samples' stall reasons and the N instructions where
+most samples fell, in program order: which wait, of which warps (the
+producer's, the consumers'), a kernel's time is made of. `--no-peer`
+leaves jnp's kernels out. Each product takes about a minute under ncu
+(jnp's autotuning runs outside the profiled range but inside the process),
+with `--stalls` about two at 4096^3 (H200, 2026-11-29: a 90 s --timeout
+cut every one). Each runs in a process group of its own, killed whole past
+`--timeout` or when this script is stopped, and the next starts once none
+of the group's processes is left: a profiled product outliving its ncu held
+the GPU, and the next product then failed to start (2026-11-26, and again
+2026-11-29 right after a kill: CUDA_ERROR_OUT_OF_MEMORY). The JSON's device
+is nvidia-smi's name for it: this script never opens the GPU itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import importlib.metadata
 import json
 import os
 import re
@@ -40,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from jax_tiled.bench import pallas
 from jax_tiled.bench.ladder import ncu_records
@@ -55,10 +67,13 @@ SECTOR_BYTES = 32
 # Why warps wait (--stalls): each reason's average count of warps stalled on
 # it per issued instruction; together they make ncu's "Warp Cycles Per
 # Issued Instruction" (WarpStateStats), which the table prints beside their
-# sum, so that a reason not listed here shows as the difference.
+# sum, so that a reason not listed here shows as the difference ("selected"
+# is the issuing warp's own cycle). On Hopper the waits on mbarriers show as
+# long_scoreboard, wgmma's wait for its group (WARPGROUP.DEPBAR) as barrier.
 STALL_REASONS = (
     "long_scoreboard", "barrier", "wait", "math_pipe_throttle", "mio_throttle",
-    "short_scoreboard", "not_selected", "lg_throttle", "membar", "drain", "imc_miss",
+    "short_scoreboard", "not_selected", "selected", "no_instruction", "branch_resolving",
+    "sleeping", "lg_throttle", "tex_throttle", "membar", "drain", "imc_miss", "misc",
     "dispatch_stall",
 )  # fmt: skip
 STALL_SHOWN = 5  # the largest reasons a launch's row names
@@ -82,13 +97,22 @@ def ncu_flags(extra_sections=(), extra_metrics=()) -> list[str]:
     return flags + ["--metrics", ",".join((*METRICS, *extra_metrics))]
 
 
-def ncu_command(
-    ncu: str, kernel: str, shape: str, dtype: str, precision: str, sections=(), metrics=()
-) -> list[str]:
+# --source: the warp samples per SASS instruction, on ncu's source page.
+SOURCE_FLAGS = ("--section", "SourceCounters", "--page", "source", "--print-source", "sass")
+
+
+def source_flags() -> list[str]:
+    """What ncu is asked for --source: the source page as CSV, over the same
+    profiled range, the clocks and caches left as they are."""
+    flags = ["--csv", "--profile-from-start", "off", "--clock-control", "none"]
+    return flags + ["--cache-control", "none", *SOURCE_FLAGS]
+
+
+def ncu_command(ncu: str, flags: list[str], kernel: str, shape: str, dtype: str, precision: str):
     """One product under ncu, in a fresh process."""
     return [
         ncu,
-        *ncu_flags(sections, metrics),
+        *flags,
         sys.executable,
         "-P",
         "-m",
@@ -120,11 +144,131 @@ def run_in_own_group(command: list[str], env: dict, timeout: float):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             out, err = process.communicate()
+            wait_for_group_end(process.pid)
             return None, out, err
         except BaseException:
             os.killpg(process.pid, signal.SIGKILL)
             raise
     return process.returncode, out, err
+
+
+def group_running(group: int) -> bool:
+    """Whether a process of process group `group` is still running (not a
+    zombie): /proc/PID/stat's third field is the state, its fifth the group."""
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[-1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if fields[0] != "Z" and int(fields[2]) == group:
+            return True
+    return False
+
+
+def wait_for_group_end(group: int, seconds: float = 60.0) -> None:
+    """Until no process of a killed group runs (its GPU memory then freed),
+    at most `seconds`: the killed product's python, a grandchild, outlives
+    ncu by a moment, and the next product started then could not open the GPU."""
+    deadline = time.monotonic() + seconds
+    while group_running(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def gpu_name() -> str:
+    """The profiled GPU's name by nvidia-smi (the first of CUDA_VISIBLE_DEVICES
+    where that names one by index), "unknown" where it cannot tell."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    command = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    command += ["-i", visible] if visible.isdigit() else []
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    names = done.stdout.strip().splitlines()
+    return names[0].strip() if done.returncode == 0 and names else "unknown"
+
+
+def parse_source(text: str) -> list[dict]:
+    """ncu's source page (--csv) as one dict per profiled kernel: its name and
+    per SASS instruction, in program order, the instruction, how often it
+    ran, its warp samples and their stall reasons (ValueError where there is
+    no such page)."""
+    kernels: list[dict] = []
+    header: list[str] | None = None
+    for cells in csv.reader(line for line in text.splitlines() if line.startswith('"')):
+        if cells[0] == "Kernel Name":
+            kernels.append({"kernel": cells[1], "instructions": []})
+            header = None
+        elif cells[0] == "Address":
+            header = cells
+        elif header is not None and kernels:
+            record = dict(zip(header, cells))
+            stalls = {
+                name.removeprefix("stall_"): int(value)
+                for name, value in record.items()
+                if name.startswith("stall_") and "Not Issued" not in name and value.isdigit()
+                and int(value)
+            }  # fmt: skip
+            kernels[-1]["instructions"].append({
+                "sass": record.get("Source", "").strip(),
+                "executed": int(number(record.get("Instructions Executed", "0")) or 0),
+                "samples": int(number(record.get("# Samples", "0")) or 0),
+                "stalls": stalls,
+            })  # fmt: skip
+    if not any(kernel["instructions"] for kernel in kernels):
+        raise ValueError("no ncu source page")
+    return kernels
+
+
+def source_summary(kernel: dict, shown: int) -> dict:
+    """One kernel's samples: their count, each stall reason's share of them,
+    and the `shown` instructions with the most, in program order (their
+    index among the kernel's instructions kept)."""
+    instructions = kernel["instructions"]
+    samples = sum(i["samples"] for i in instructions)
+    by_reason: dict[str, int] = {}
+    for instruction in instructions:
+        for reason, count in instruction["stalls"].items():
+            by_reason[reason] = by_reason.get(reason, 0) + count
+    order = sorted(range(len(instructions)), key=lambda k: -instructions[k]["samples"])
+    top = sorted(k for k in order[:shown] if instructions[k]["samples"])
+    return {
+        "kernel": kernel["kernel"],
+        "samples": samples,
+        "stall_shares": {
+            reason: count / samples
+            for reason, count in sorted(by_reason.items(), key=lambda item: -item[1])
+        },
+        "top": [{"index": k, **instructions[k]} for k in top],
+    }
+
+
+def source_report(product: str, implementation: str, summaries: list[dict]) -> str:
+    """Markdown: per kernel, its samples' stall shares, then a table of its
+    instructions with the most samples."""
+    lines = []
+    for s in summaries:
+        shares = ", ".join(
+            f"{r} {100 * v:.1f}%" for r, v in s["stall_shares"].items() if v >= 0.005
+        )
+        lines += [
+            f"{product} {implementation} {short_name(s['kernel'])}: {s['samples']} samples; "
+            f"stalls {shares}",
+            "",
+            "| # | instruction | samples % | executed | largest stalls |",
+            "|" + "---|" * 5,
+        ]
+        for i in s["top"]:
+            share = 100 * i["samples"] / s["samples"] if s["samples"] else 0.0
+            stalls = sorted(i["stalls"].items(), key=lambda item: -item[1])[:3]
+            named = ", ".join(f"{reason} {count}" for reason, count in stalls)
+            sass = i["sass"].replace("|", "\\|")
+            lines.append(f"| {i['index']} | `{sass}` | {share:.1f} | {i['executed']} | {named} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def number(text: str):
@@ -262,6 +406,15 @@ def main(argv: list[str] | None = None) -> int:
         "instruction, by reason) and print them per launch in a second table",
     )
     p.add_argument(
+        "--source",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile each product for ncu's warp samples per SASS instruction "
+        "and print, per kernel, their stall reasons and the N instructions with the most",
+    )
+    p.add_argument("--no-peer", action="store_true", help="leave jnp's kernels out")
+    p.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -272,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.timeout <= 0:
         p.error(f"--timeout must be positive, got {args.timeout}")
+    if args.source < 0:
+        p.error(f"--source must be a count of instructions, got {args.source}")
     # Stopped from outside (timeout(1), a device call's limit): the product under
     # ncu goes too (run_in_own_group), not left holding the GPU.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -286,44 +441,58 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], 0
     # The C locale: ncu prints numbers without thousands separators there.
     env = {**os.environ, "LC_ALL": "C"}
+    flags = ncu_flags(args.section, metrics)
+    reports = []
+
+    def profiled(what: list[str], kernel: str, shape: str, parse):
+        """`parse` of one product's ncu output, or None (said why) where it failed."""
+        command = ncu_command(ncu, what, kernel, shape, args.dtype, args.precision)
+        status, out, err = run_in_own_group(command, env, args.timeout)
+        if status is None:
+            print(f"{shape} {kernel}: cut at {args.timeout:g} s (--timeout), killed")
+            return None
+        try:
+            return parse(out)
+        except ValueError as exc:
+            tail = " ".join(err.split()[-40:])
+            print(f"{shape} {kernel}: {exc} (exit status {status}; {tail})")
+            return None
+
     for shape in args.shapes.split(","):
-        implementations = [("ours", args.kernel), ("jnp", PEER)]
+        implementations = [("ours", args.kernel)] + ([] if args.no_peer else [("jnp", PEER)])
         implementations += [("pallas", pallas.PROBE_PREFIX + name) for name in args.pallas]
         for implementation, kernel in implementations:
-            command = ncu_command(
-                ncu, kernel, shape, args.dtype, args.precision, args.section, metrics
-            )
             print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
-            status, out, err = run_in_own_group(command, env, args.timeout)
-            if status is None:
-                print(f"{shape} {kernel}: cut at {args.timeout:g} s (--timeout), killed")
+            launches = profiled(flags, kernel, shape, parse_launches)
+            if launches is None:
                 failed += 1
                 continue
-            try:
-                launches = parse_launches(out)
-            except ValueError as exc:
-                tail = " ".join(err.split()[-40:])
-                print(f"{shape} {kernel}: {exc} (exit status {status}; {tail})")
-                failed += 1
-                continue
-            rows.append(
-                {"product": shape, "implementation": implementation, "kernel_asked": kernel,
-                 "launches": launches}
-            )  # fmt: skip
+            row = {"product": shape, "implementation": implementation, "kernel_asked": kernel,
+                   "launches": launches}  # fmt: skip
+            if args.source:
+                print(f"ncu --source: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
+                kernels = profiled(source_flags(), kernel, shape, parse_source)
+                if kernels is None:
+                    failed += 1
+                else:
+                    row["source"] = [source_summary(k, args.source) for k in kernels]
+                    reports.append(source_report(shape, implementation, row["source"]))
+            rows.append(row)
     print(table(rows))
     if args.stalls:
         print()
         print(stall_table(rows))
+    for report in reports:
+        print()
+        print(report)
     if args.json:
-        import jax
-
-        device = jax.devices()[0]
         record = {
-            "device": device.device_kind,
-            "jax_version": jax.__version__,
+            "device": gpu_name(),
+            "jax_version": importlib.metadata.version("jax"),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv[1:] if argv is None else argv,
-            "ncu_flags": ncu_flags(args.section, metrics),
+            "ncu_flags": flags,
+            **({"source_flags": source_flags()} if args.source else {}),
             "rows": rows,
         }
         with open(args.json, "w") as f:
