@@ -87,11 +87,21 @@ PEER = "jnp.matmul"
 PALLAS_CONFIGS = [config.name for config in pallas.CONFIGS]
 
 
+# Only inside the probe's profiled range, the clocks and caches left as they are.
+PROFILED_AS_RUN = (
+    "--profile-from-start",
+    "off",
+    "--clock-control",
+    "none",
+    "--cache-control",
+    "none",
+)
+
+
 def ncu_flags(extra_sections=(), extra_metrics=()) -> list[str]:
-    """What ncu is asked: CSV in base units, only inside the probe's profiled
-    range, the clocks and caches left as they are, the sections and metrics."""
-    flags = ["--csv", "--print-units", "base", "--profile-from-start", "off"]
-    flags += ["--clock-control", "none", "--cache-control", "none"]
+    """What ncu is asked: CSV in base units, as the product runs
+    (PROFILED_AS_RUN), the sections and metrics."""
+    flags = ["--csv", "--print-units", "base", *PROFILED_AS_RUN]
     for section in (*SECTIONS, *extra_sections):
         flags += ["--section", section]
     return flags + ["--metrics", ",".join((*METRICS, *extra_metrics))]
@@ -102,10 +112,9 @@ SOURCE_FLAGS = ("--section", "SourceCounters", "--page", "source", "--print-sour
 
 
 def source_flags() -> list[str]:
-    """What ncu is asked for --source: the source page as CSV, over the same
-    profiled range, the clocks and caches left as they are."""
-    flags = ["--csv", "--profile-from-start", "off", "--clock-control", "none"]
-    return flags + ["--cache-control", "none", *SOURCE_FLAGS]
+    """What ncu is asked for --source: the source page as CSV, as the product
+    runs (PROFILED_AS_RUN)."""
+    return ["--csv", *PROFILED_AS_RUN, *SOURCE_FLAGS]
 
 
 def ncu_command(ncu: str, flags: list[str], kernel: str, shape: str, dtype: str, precision: str):
@@ -444,9 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     flags = ncu_flags(args.section, metrics)
     reports = []
 
-    def profiled(what: list[str], kernel: str, shape: str, parse):
-        """`parse` of one product's ncu output, or None (said why) where it failed."""
-        command = ncu_command(ncu, what, kernel, shape, args.dtype, args.precision)
+    def profiled(asked: list[str], kernel: str, shape: str, parse):
+        """`parse` of one product's output under ncu with the flags `asked`, or
+        None (said why) where it failed."""
+        command = ncu_command(ncu, asked, kernel, shape, args.dtype, args.precision)
         status, out, err = run_in_own_group(command, env, args.timeout)
         if status is None:
             print(f"{shape} {kernel}: cut at {args.timeout:g} s (--timeout), killed")
