@@ -111,6 +111,9 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
+  // 3xTF32's operands are split into TF32 hi and lo parts by a pass ahead of
+  // the kernel, into scratch, K-major (wgmma's tf32_parts.cuh).
+  bool parts_ahead = false;
   // The kernel loads every operand row as whole 16-byte lines (the TMA copy
   // engine; warptile's float32 mainloop, a quad a load): where rows are off
   // them, the lowering pads the operands if that moves `auto` onto such a

@@ -169,6 +169,10 @@ std::string LaunchPlan::Describe() const {
             " slabs (a chunk group of the parts laid along K)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
+  if (parts_ahead)
+    text +=
+        ", A and B split into TF32 hi and lo parts ahead of the kernel (K-major, in XLA's "
+        "scratch: twice the operands' bytes)";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

@@ -517,6 +517,13 @@ __device__ __forceinline__ void GrowRegisters() {
   "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_128 \
   "}, {%128, %129, %130, %131}, %132, accumulate, 1, 1;\n}\n"
 
+// TF32, both operands from shared memory (K-major): the accumulators, then
+// A's and B's descriptors and the accumulate flag.
+#define JAX_TILED_WGMMA_TF32_SS_N128                                                 \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_64 \
+  "}, %64, %65, accumulate, 1, 1;\n}\n"
+
 #define JAX_TILED_ACC8(d, i)                                                                  \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -595,6 +602,21 @@ __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], const uint32_t (&a
 #endif
 }
 
+// One TF32 wgmma with both operands read K-major from shared memory: d (+)=
+// A(64 x 8) * B(8 x kN). For operands already TF32 values (3xTF32's parts,
+// split ahead of the kernel), whose low 13 bits are zero, so the tensor
+// cores' reading of the float32 bits as TF32 loses nothing.
+template <int kN>
+__device__ __forceinline__ void WgmmaTf32Shared(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                                int accumulate) {
+#if JAX_TILED_SM90A
+  static_assert(kN == 128, "3xTF32's tiles are 128 wide");
+  asm volatile(JAX_TILED_WGMMA_TF32_SS_N128
+               : JAX_TILED_ACC64(d, 0)
+               : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
 // Keeps register operands of in-flight wgmmas where they are until a wait
 // has retired the instructions that read them (see FenceAccumulators).
 template <int kN>
@@ -603,6 +625,7 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+#undef JAX_TILED_WGMMA_TF32_SS_N128
 #undef JAX_TILED_WGMMA_TF32_N256
 #undef JAX_TILED_WGMMA_TF32_N128
 #undef JAX_TILED_WGMMA_TF32_N64

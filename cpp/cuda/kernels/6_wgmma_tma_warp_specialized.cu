@@ -43,8 +43,7 @@ static_assert(kSplitKSharedBytes ==
 // they too hold an SM alone, so they fit the same clusters.
 static_assert(
     2 * kSplitKSharedBytes > 228 * 1024 &&
-        2 * kWgmmaSharedBytes<WgmmaSplitKRewritingB, WgmmaOperands<float, false, false, true>,
-                              float> >
+        2 * kWgmmaSharedBytes<WgmmaSplitKParts, WgmmaOperands<float, false, false, true>, float> >
             228 * 1024 &&
         2 * kWgmmaSharedBytes<WgmmaSplitKSkinny, WgmmaOperands<__half, false, false>, __half> >
             228 * 1024,

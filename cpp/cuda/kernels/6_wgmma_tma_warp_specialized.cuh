@@ -41,11 +41,12 @@
 //   MN-major and the producer warpgroup's idle warps rewrite each slab
 //   K-major into a second buffer before the consumers may read it
 //   (TransposeSlabOfB).
-// 3xTF32 needs B split into hi and lo as well: the producer warpgroup's idle
-// warps split each landed B slab in place (hi) and into a second buffer (lo)
-// before releasing the stage to the consumers, which split A in registers.
-// (3xTF32 with both operands MN-major would need both rewrites, a third B
-// buffer per stage: not built; WgmmaLayoutFits refuses it.)
+// 3xTF32 splits both operands into TF32 hi and lo parts ahead of the kernel,
+// K-major whatever their stored layout (tf32_parts.cuh): the producer copies
+// the four parts of each slab, and the consumers read all of them from shared
+// memory. Split by the kernel's own warps (A in the consumers' registers, B by
+// the producer warpgroup's idle warps), the splits and A's loads cost more
+// than the tensor cores' work (NOTES.md, "3xTF32's parts split ahead").
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,6 +61,7 @@
 #include "cuda/blocks/epilogue.cuh"
 #include "cuda/blocks/hopper.cuh"
 #include "cuda/blocks/tf32.cuh"
+#include "cuda/blocks/tf32_parts.cuh"
 #include "cuda/blocks/tile_scheduler.cuh"
 #include "cuda/kernel.h"
 #include "stack_slice.h"
@@ -94,8 +96,9 @@ struct WgmmaConfig {
 // 128 x 256 tiles, 4 stages of 48 KB, for 16-bit inputs in pairs sharing B;
 // one TF32 pass runs them single (clusters measured no faster there: NOTES.md,
 // "clusters sharing B"). 128 x 128 tiles, 6 stages of 32 KB. Stages that
-// carry a rewritten copy of B (3xTF32's lo half, or B rewritten K-major):
-// 128 x 128 tiles, 4 stages of 48 KB.
+// carry a rewritten copy of B (B rewritten K-major): 128 x 128 tiles, 4
+// stages of 48 KB; that carry 3xTF32's hi and lo parts of A and B: 128 x 128
+// tiles, 3 stages of 64 KB.
 using WgmmaWide = WgmmaConfig<256, 4, 2>;
 using WgmmaWideTf32 = WgmmaConfig<256, 4, 1>;
 // 128 x 192 tiles, 4 stages of 40 KB, for 16-bit inputs in pairs sharing B,
@@ -108,11 +111,12 @@ using WgmmaNarrow = WgmmaConfig<128, 6>;
 // would multiply padding.
 using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
-// Split K: 128 x 128 tiles, 6 stages of 32 KB; where B is split into hi and
-// lo, 4 stages of 48 KB. The partial sums' 68 KB lie over the stages
+using WgmmaParts = WgmmaConfig<128, 3>;
+// Split K: 128 x 128 tiles, 6 stages of 32 KB; with 3xTF32's parts, 3 stages
+// of 64 KB. The partial sums' 68 KB lie over the stages
 // (ClusterReduceEpilogue::kOverStages).
 using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
-using WgmmaSplitKRewritingB = WgmmaConfig<128, 4, 1, true>;
+using WgmmaSplitKParts = WgmmaConfig<128, 3, 1, true>;
 // Split K on 128 x 256 tiles, 4 stages of 48 KB (the partial sums' 132 KB lie
 // over them), for 16-bit inputs into 16-bit results whose K is deep
 // (WgmmaSplitsWide): each slab of A then serves 256 columns, not 128, so a
@@ -139,13 +143,13 @@ using WgmmaSplitKLaidX3 = WgmmaLaidX3<WgmmaSplitK>;
 // What one kernel instance reads and writes:
 //   In: the operands' type; float means TF32, with A from registers.
 //   kAMnMajor, kBMnMajor: the operands' layouts as the copy engine lands them.
-//   kSplit: 3xTF32 rather than one TF32 pass.
+//   kSplit: 3xTF32 rather than one TF32 pass: A and B each a stack of two
+//     parts, hi and lo, both K-major (tf32_parts.cuh).
 //   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
 //     it writes element (i, j) of its result to C[j][i].
 // TF32 wgmma reads B K-major only: a TF32 B landed MN-major is rewritten
-// K-major (kTransposesB). Either rewrite of B (that, or 3xTF32's split) is
-// done by the producer warpgroup's idle warps into the stage's second B
-// buffer (kRewritesB).
+// K-major (kTransposesB) by the producer warpgroup's idle warps into the
+// stage's second B buffer (kRewritesB).
 template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
           bool kTransposedOut_ = false>
 struct WgmmaOperands {
@@ -154,9 +158,9 @@ struct WgmmaOperands {
   static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
   static constexpr bool kTf32 = std::is_same_v<In, float>;
   static constexpr bool kTransposesB = kTf32 && kBMnMajor;
-  static constexpr bool kRewritesB = kSplit || kTransposesB;
-  static_assert(!(kSplit && kTransposesB), "3xTF32 with B MN-major is not built");
-  static_assert(kTf32 || !kSplit, "3xTF32 splits float32 operands only");
+  static constexpr bool kRewritesB = kTransposesB;
+  static_assert(!kSplit || (kTf32 && !kAMnMajor && !kBMnMajor && !kTransposedOut),
+                "3xTF32 reads float32 operands' parts, split ahead K-major");
 };
 
 template <class Cfg, class Ops>
@@ -168,26 +172,27 @@ struct WgmmaTiles {
       hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor && !Ops::kTransposesB, Cfg::kBlockN>;
   static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
   static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
+  static constexpr int kParts = Ops::kSplit ? 2 : 1;  // of each operand: 3xTF32's hi and lo
   static constexpr int kBSecondBytes = Ops::kRewritesB ? B::kBytes : 0;
-  static constexpr int kStageBytes = A::kBytes + B::kBytes + kBSecondBytes;
-  // Stages, then full, empty and (3xTF32) landed barriers; 1 KB of slack to
-  // align the start.
+  static constexpr int kStageBytes = kParts * (A::kBytes + B::kBytes) + kBSecondBytes;
+  // Stages, then full, empty and (B rewritten) landed barriers; 1 KB of
+  // slack to align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
   // Slack to align the epilogue's shared memory past the barriers (the
   // copy engine's 128-byte swizzle repeats every 1 KB).
   static constexpr int kEpilogueAlignment = 1024;
 };
 
-// This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
-// for 3xTF32 lo. 16-bit A is read from shared memory and needs none.
-template <class Ops, int kSteps, bool = Ops::kTf32>
+// This thread's TF32 A operands for the kSteps k8 steps of one slab (one
+// TF32 pass). 16-bit A and 3xTF32's parts are read from shared memory and
+// need none.
+template <class Ops, int kSteps, bool = Ops::kTf32 && !Ops::kSplit>
 struct AFragments {
   __device__ __forceinline__ void Fence() {}
 };
 template <class Ops, int kSteps>
 struct AFragments<Ops, kSteps, true> {
   uint32_t hi[kSteps][4];
-  uint32_t lo[Ops::kSplit ? kSteps : 1][4];
 
   // Element (r, k) of A, r = row0 + g (+ 8), k = 8 step + t (+ 4) with
   // g = lane / 4, t = lane % 4: wgmma's TF32 A layout for warp rows row0.
@@ -200,24 +205,20 @@ struct AFragments<Ops, kSteps, true> {
       for (int i = 0; i < 4; ++i) {
         const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
         const float x = __uint_as_float(hopper::LoadShared(at + Tile::ElementOffset(row, k)));
-        if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);
-        else hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
+        hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
       }
   }
 
   __device__ __forceinline__ void Fence() {
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      hopper::FenceRegisters(hi[step]);
-      if constexpr (Ops::kSplit) hopper::FenceRegisters(lo[step]);
-    }
+    for (int step = 0; step < kSteps; ++step) hopper::FenceRegisters(hi[step]);
   }
 };
 
-// The block's shared memory: kStages stages of an A tile, a B tile and, where
-// B is rewritten, a second B buffer (3xTF32: B's lo half; else B K-major);
-// then per stage a full, an empty and (B rewritten) a landed barrier.
-// Aligned to the 128-byte swizzle's 1 KB period.
+// The block's shared memory: kStages stages of an A tile and a B tile (3xTF32:
+// A's hi and lo parts, then B's) and, where B is rewritten, a second B buffer
+// (B K-major); then per stage a full, an empty and (B rewritten) a landed
+// barrier. Aligned to the 128-byte swizzle's 1 KB period.
 template <class Cfg, class Ops>
 struct WgmmaStages {
   using Tiles = WgmmaTiles<Cfg, Ops>;
@@ -236,11 +237,15 @@ struct WgmmaStages {
   __device__ __forceinline__ uint8_t* A(int stage) const {
     return base + stage * Tiles::kStageBytes;
   }
-  __device__ __forceinline__ uint8_t* B(int stage) const { return A(stage) + Tiles::A::kBytes; }
+  __device__ __forceinline__ uint8_t* ALo(int stage) const { return A(stage) + Tiles::A::kBytes; }
+  __device__ __forceinline__ uint8_t* B(int stage) const {
+    return A(stage) + Tiles::kParts * Tiles::A::kBytes;
+  }
+  // B's lo part (3xTF32), or B rewritten K-major.
   __device__ __forceinline__ uint8_t* BSecond(int stage) const {
     return B(stage) + Tiles::B::kBytes;
   }
-  // The B tile the consumers' wgmmas read (3xTF32: hi, split in place).
+  // The B tile the consumers' wgmmas read (3xTF32: hi).
   __device__ __forceinline__ uint8_t* BRead(int stage) const {
     return Ops::kTransposesB ? BSecond(stage) : B(stage);
   }
@@ -289,9 +294,9 @@ struct StageCursor {
 };
 
 // Warpgroup 0. One thread issues the copy engine's loads, kStages slabs ahead
-// of the consumers; where B is rewritten, the other three warps rewrite each
-// landed B slab (3xTF32: split into hi in place and lo beside it; TF32 landed
-// MN-major: transposed K-major beside it) before the consumers may read it.
+// of the consumers; where B is rewritten (TF32 landed MN-major), the other
+// three warps transpose each landed B slab K-major beside it before the
+// consumers may read it.
 // The rest of its registers go to the consumers (setmaxnreg). Both walk the
 // block's work units in the scheduler's order, as the consumers do.
 template <class Cfg, class Ops, class Scheduler>
@@ -315,7 +320,8 @@ struct WgmmaProducer {
   // A: this block's own rows. B: part `rank` of each slab, multicast to every
   // block of the cluster, whose full barriers count the bytes of all parts.
   // An operand given as a slice of a stack is copied from the chosen slice's
-  // batches (its descriptor spans the stack's).
+  // batches (its descriptor spans the stack's). 3xTF32: each operand's lo
+  // part lies one part's batches past its hi (LaunchWgmmaParts).
   __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
                                               const CUtensorMap* b_map, const MatmulDims& dims,
                                               const WgmmaStacks& stacks) {
@@ -323,6 +329,8 @@ struct WgmmaProducer {
     uint64_t* const copied = Ops::kRewritesB ? stages.landed : stages.full;
     const int a_first = FirstBatchOf(stacks.a, dims.a_batch_stride, dims.batch);
     const int b_first = FirstBatchOf(stacks.b, dims.b_batch_stride, dims.batch);
+    const int a_lo = static_cast<int>(dims.a_batch_stride ? dims.batch : 1);
+    const int b_lo = static_cast<int>(dims.b_batch_stride ? dims.batch : 1);
     StageCursor<Cfg::kStages> at;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
@@ -331,12 +339,20 @@ struct WgmmaProducer {
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         // Every block of the cluster released the stage.
         hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);
-        hopper::ArriveExpectingBytes(&copied[at.stage], Tiles::A::kBytes + Tiles::B::kBytes);
-        Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], unit.row0, slab * Tiles::kSlab,
-                       a_batch);
+        hopper::ArriveExpectingBytes(&copied[at.stage],
+                                     Tiles::kParts * (Tiles::A::kBytes + Tiles::B::kBytes));
+        const int k0 = slab * Tiles::kSlab;
+        Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], unit.row0, k0, a_batch);
         Tiles::B::template LoadPart<Cfg::kClusterM>(stages.B(at.stage), b_map, &copied[at.stage],
-                                                    unit.col0, slab * Tiles::kSlab, b_batch,
-                                                    Scheduler::Rank(), kCluster);
+                                                    unit.col0, k0, b_batch, Scheduler::Rank(),
+                                                    kCluster);
+        if constexpr (Ops::kSplit) {
+          Tiles::A::Load(stages.ALo(at.stage), a_map, &copied[at.stage], unit.row0, k0,
+                         a_batch + a_lo);
+          Tiles::B::template LoadPart<Cfg::kClusterM>(stages.BSecond(at.stage), b_map,
+                                                      &copied[at.stage], unit.col0, k0,
+                                                      b_batch + b_lo, Scheduler::Rank(), kCluster);
+        }
         at.Advance();
       }
     }
@@ -350,27 +366,11 @@ struct WgmmaProducer {
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
-        if constexpr (Ops::kSplit)
-          SplitSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
-        else TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
+        TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
         hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
         hopper::Arrive(&stages.full[at.stage]);
         at.Advance();
       }
-    }
-  }
-
-  // 3xTF32: B split into hi, in place, and lo.
-  __device__ __forceinline__ static void SplitSlabOfB(uint8_t* b, uint8_t* b_lo, int rewriter) {
-    const uint32_t hi = SharedAddress(b), lo = SharedAddress(b_lo);
-    for (uint32_t at = 16 * rewriter; at < Tiles::B::kBytes; at += 16 * kRewriters) {
-      uint4 h = hopper::LoadShared4(hi + at), l;
-      SplitTf32(__uint_as_float(h.x), h.x, l.x);
-      SplitTf32(__uint_as_float(h.y), h.y, l.y);
-      SplitTf32(__uint_as_float(h.z), h.z, l.z);
-      SplitTf32(__uint_as_float(h.w), h.w, l.w);
-      hopper::StoreShared4(hi + at, h);
-      hopper::StoreShared4(lo + at, l);
     }
   }
 
@@ -478,7 +478,8 @@ struct WgmmaConsumer {
                                           int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
-    if constexpr (Ops::kTf32) a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
+    if constexpr (Ops::kTf32 && !Ops::kSplit)
+      a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
     a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
     hopper::WgmmaFence();
     auto b = [&](int step) { return Tiles::BRead::Descriptor(stages.BRead(at.stage), 0, step); };
@@ -487,16 +488,20 @@ struct WgmmaConsumer {
       // too: dropped, it leans, since a truncated hi leaves lo x lo of the
       // product's sign), so only the four big ones are added (truncated)
       // into a large partial sum.
+      auto a_hi = [&](int step) { return Tiles::A::Descriptor(a_stage, a_rows, step); };
+      auto a_lo = [&](int step) {
+        return Tiles::A::Descriptor(stages.ALo(at.stage), a_rows, step);
+      };
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         const auto b_lo = Tiles::BRead::Descriptor(stages.BSecond(at.stage), 0, step);
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b_lo, step > 0);
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.lo[step], b(step), 1);
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step], b_lo, 1);
+        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_lo(step), b_lo, step > 0);
+        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_lo(step), b(step), 1);
+        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_hi(step), b_lo, 1);
       }
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step)
-        hopper::WgmmaTf32<Cfg::kBlockN>(partial, a.hi[step], b(step), 1);
+        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_hi(step), b(step), 1);
       hopper::WgmmaCommit();
       // The other consumer warpgroup keeps the tensor cores busy meanwhile.
       AddPartial();
@@ -1255,9 +1260,8 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   if (cudaError_t err = hopper::EncodeOperand<In>(
           OperandA<In>(dims, w.a, Tiles::A::BoxRows(), w.stacks.a), &a_map))
     return err;
-  // One TF32 pass reads B as the copy engine rounds it; 3xTF32 splits B's
-  // float32 values in shared memory, so they must land whole. Each block of a
-  // cluster copies its part of B.
+  // One TF32 pass reads B as the copy engine rounds it; 3xTF32's parts are
+  // TF32 values already. Each block of a cluster copies its part of B.
   constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
   constexpr int kBRows = Tiles::B::template BoxRows<Cfg::kClusterM>();
   if (cudaError_t err =
@@ -1286,18 +1290,17 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
   return Epilogue::FixUp(params, dims, plan, context);
 }
 
-template <class Cfg, class In, class Out, bool kSplit>
+template <class Cfg, class In, class Out>
 cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const LaunchContext& context,
                                const LaunchPlan& plan) {
   // wgmma's transpose flags: A stored (k, m) and B stored (k, n) are MN-major.
   const bool a_mn = w.dims.transpose_a, b_mn = !w.dims.transpose_b;
   if constexpr (std::is_same_v<In, float>) {  // B is K-major: LaunchWgmmaFor rewrites it else
     if (w.transposed_out)                     // A = B^T of the caller's B stored (k, n): MN-major
-      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, kSplit, true>>(w, out, context,
-                                                                                  plan);
-    if (a_mn)
-      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, kSplit>>(w, out, context, plan);
-    return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false, kSplit>>(w, out, context, plan);
+      return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false, false, true>>(w, out, context,
+                                                                                 plan);
+    if (a_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, true, false>>(w, out, context, plan);
+    return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
   } else {
     if (w.transposed_out) return cudaErrorInvalidValue;  // LaunchWgmmaFewRows's
     if (a_mn && b_mn)
@@ -1306,6 +1309,48 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
     if (b_mn) return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, true>>(w, out, context, plan);
     return LaunchWgmmaKernel<Cfg, WgmmaOperands<In, false, false>>(w, out, context, plan);
   }
+}
+
+// 3xTF32: A and B split into their TF32 hi and lo parts (tf32_parts.cuh), in
+// XLA's scratch, each a stack of two K-major parts (A's (m, k), B's (n, k),
+// whatever the stored layouts), then the kernel on the parts.
+template <class Cfg, class Out>
+cudaError_t LaunchWgmmaParts(const Product& p, Out* out, const LaunchContext& context,
+                             const LaunchPlan& plan) {
+  const MatmulDims& d = p.dims;
+  const int64_t ld = Tf32PartsLd(d.k);
+  const Tf32PartsLayout a{static_cast<const float*>(p.a),
+                          d.m,
+                          d.k,
+                          d.lda,
+                          d.a_batch_stride,
+                          d.a_batch_stride ? d.batch : 1,
+                          !d.transpose_a,
+                          ld};
+  const Tf32PartsLayout b{
+      static_cast<const float*>(p.b), d.n,           d.k, d.ldb, d.b_batch_stride,
+      d.b_batch_stride ? d.batch : 1, d.transpose_b, ld};
+  // 16 bytes: the most XLA's scratch allocator takes, and what the copy engine asks.
+  void* const a_parts = context.scratch
+                            ? context.scratch->Allocate(2 * a.PartElements() * sizeof(float), 16)
+                            : nullptr;
+  void* const b_parts = context.scratch
+                            ? context.scratch->Allocate(2 * b.PartElements() * sizeof(float), 16)
+                            : nullptr;
+  if (!a_parts || !b_parts) return cudaErrorMemoryAllocation;
+  if (cudaError_t err = SplitIntoTf32Parts(a, p.a_stack, a_parts, context.stream)) return err;
+  if (cudaError_t err = SplitIntoTf32Parts(b, p.b_stack, b_parts, context.stream)) return err;
+  MatmulDims parts = d;
+  parts.transpose_a = false, parts.transpose_b = true;  // a (m, k), b (n, k)
+  parts.lda = parts.ldb = ld;
+  parts.a_batch_stride = d.a_batch_stride ? d.m * ld : 0;
+  parts.b_batch_stride = d.b_batch_stride ? d.n * ld : 0;
+  // Each a stack of two: the descriptors span hi and lo (OperandOf); no index
+  // to choose a slice, so the kernel starts at hi and finds lo past it.
+  const WgmmaStacks stacks{StackSlice{nullptr, 2, a.PartElements()},
+                           StackSlice{nullptr, 2, b.PartElements()}};
+  return LaunchWgmmaKernel<Cfg, WgmmaOperands<float, false, false, true>>(
+      WgmmaArrangement{parts, a_parts, b_parts, false, stacks}, out, context, plan);
 }
 
 // 16-bit inputs with a few rows swapped onto wgmma's N (WgmmaSwapsFewRows, a
@@ -1330,10 +1375,10 @@ inline constexpr Takes kWgmmaTakes = [] {
   return takes;
 }();
 
-// The plan for a product: for 3xTF32, 128 x 128 tiles with K split across
-// clusters where the tiles alone would leave most SMs idle (as for one pass,
-// below), else WgmmaRewritingB; WgmmaRewritingB too for TF32 with both
-// operands stored MN-major; else, for outputs 64 or fewer columns wide,
+// The plan for a product: for 3xTF32, its operands' parts on 128 x 128 tiles
+// (WgmmaParts), with K split across clusters where the tiles alone would leave
+// most SMs idle (as for one pass, below), never swapped; WgmmaRewritingB for
+// one TF32 pass with both operands stored MN-major; else, for outputs 64 or fewer columns wide,
 // 128 x 64 tiles, with K split where they would leave most SMs idle; else
 // wide tiles in pairs sharing B where they fill the GPU (16-bit inputs: 128 x
 // 192 where their waves end sooner, else 128 x 256), else 128 x 128
@@ -1346,7 +1391,7 @@ inline constexpr Takes kWgmmaTakes = [] {
 // 128 x 256 tiles; BF16_BF16_F32_X3's (laid_terms 3) into float32 take 128 x
 // 128 tiles whose partial sums hold a chunk group (WgmmaLaidX3).
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
-  const bool swap_ab = WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
+  const bool swap_ab = !p.SplitsTf32() && WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
   auto plan = [&](auto cfg) {
     using Cfg = decltype(cfg);
@@ -1358,7 +1403,7 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
         std::min<int64_t>(Scheduler::Units(arranged), multiprocessors / Cfg::kClusterM);
     return PlanOf<Cfg>(swap_ab, static_cast<int>(std::max<int64_t>(clusters, 1) * Cfg::kClusterM));
   };
-  if (WgmmaTransposesB(p.in_type == Dtype::kF32, p.dims)) {
+  if (!p.SplitsTf32() && WgmmaTransposesB(p.in_type == Dtype::kF32, p.dims)) {
     LaunchPlan transposing = plan(WgmmaRewritingB{});
     transposing.transposes_b = true;
     return transposing;
@@ -1374,7 +1419,11 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     splitting.split_groups = split.groups;
     return splitting;
   };
-  if (p.SplitsTf32()) return split_k(WgmmaSplitKRewritingB{}).value_or(plan(WgmmaRewritingB{}));
+  if (p.SplitsTf32()) {
+    LaunchPlan parts = split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
+    parts.parts_ahead = true;
+    return parts;
+  }
   if (WgmmaOutputIsSkinny(arranged))
     return WgmmaTilesFill(arranged, WgmmaSkinny::kBlockN, multiprocessors)
                ? plan(WgmmaSkinny{})
@@ -1408,7 +1457,18 @@ template <class In>
 cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
                            const LaunchContext& context) {
   constexpr bool kTf32 = std::is_same_v<In, float>;
-  if (!WgmmaLayoutFits(p.SplitsTf32(), p.dims) || plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims) ||
+  if (p.SplitsTf32()) {
+    if (!WgmmaLayoutFits(true, p.dims) || plan.swap_ab || plan.transposes_b)
+      return cudaErrorInvalidValue;
+    if constexpr (kTf32)
+      return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
+        using Out = decltype(result);
+        return WithConfig<WgmmaParts, WgmmaSplitKParts>(plan, [&](auto cfg) {
+          return LaunchWgmmaParts<decltype(cfg), Out>(p, static_cast<Out*>(out), context, plan);
+        });
+      });
+  }
+  if (plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims) ||
       plan.transposes_b != WgmmaTransposesB(kTf32, p.dims))
     return cudaErrorInvalidValue;
   const WgmmaArrangement w =
@@ -1422,10 +1482,6 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
           return LaunchWgmmaKernel<decltype(cfg), WgmmaOperands<In, true, true>>(w, c, context,
                                                                                  plan);
         });
-      if (p.SplitsTf32())
-        return WithConfig<WgmmaRewritingB, WgmmaSplitKRewritingB>(plan, [&](auto cfg) {
-          return LaunchWgmmaLayouts<decltype(cfg), In, Out, true>(w, c, context, plan);
-        });
     } else if (plan.swap_ab) {  // a few rows: always 64 wide (PlanWgmma)
       return WithConfig<WgmmaSkinny, WgmmaSplitKSkinny>(plan, [&](auto cfg) {
         return LaunchWgmmaFewRows<decltype(cfg), In, Out>(w, c, context, plan);
@@ -1433,7 +1489,7 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     }
     using Wide = std::conditional_t<kTf32, WgmmaWideTf32, WgmmaWide>;
     auto launch = [&](auto cfg) {
-      return LaunchWgmmaLayouts<decltype(cfg), In, Out, false>(w, c, context, plan);
+      return LaunchWgmmaLayouts<decltype(cfg), In, Out>(w, c, context, plan);
     };
     // WgmmaSplitKWide only where PlanWgmma may choose it: 16-bit in and out;
     // WgmmaWide192 for 16-bit inputs only.
