@@ -556,23 +556,45 @@ def test_device_check_runs_the_sanitizer_tools_asked_for(tmp_path):
 
 def test_device_check_runs_a_shard_a_gpu_at_once(tmp_path):
     """TEST_SHARD=each on a machine of four GPUs: four pytest runs, one a GPU,
-    whose test files together are the suite's, each file once; TEST_SHARD=both
-    there runs two; one GPU refuses either."""
+    whose test files together are the suite's but the compile checks (CI's),
+    each file once, and with COMPILE_TESTS=1 the compile checks too;
+    TEST_SHARD=both there runs two; one GPU refuses either."""
     device_check = device_check_with_stand_ins(tmp_path)
-    done, logged = device_check(STEPS="tests", TEST_SHARD="each", GPUS="4")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(line.split()[0] for line in logged) == [f"GPU={i}" for i in range(4)]
-    files = [Path(a).name for line in logged for a in line.split() if a.endswith(".py")]
     tests = Path(__file__).resolve().parent
-    assert sorted(files) == sorted(p.name for p in tests.glob("test_*.py"))
-    for i in range(1, 5):
-        assert f"== tests_{i} (JAX_TILED_REQUIRE_GPU=1): rc=0" in done.stdout, done.stdout
+    every_file = sorted(p.name for p in tests.glob("test_*.py"))
+    for settings, expected in [
+        ({}, [f for f in every_file if f != "test_cuda_compile.py"]),
+        ({"COMPILE_TESTS": "1"}, every_file),
+    ]:
+        done, logged = device_check(STEPS="tests", TEST_SHARD="each", GPUS="4", **settings)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(line.split()[0] for line in logged) == [f"GPU={i}" for i in range(4)]
+        files = [Path(a).name for line in logged for a in line.split() if a.endswith(".py")]
+        assert sorted(files) == expected, settings
+        for i in range(1, 5):
+            assert f"== tests_{i} (JAX_TILED_REQUIRE_GPU=1): rc=0" in done.stdout, done.stdout
     done, logged = device_check(STEPS="tests", TEST_SHARD="both", GPUS="4")
     assert done.returncode == 0 and len(logged) == 2, done.stdout + done.stderr
     for shard in ("each", "both"):
         refused, logged = device_check(STEPS="tests", TEST_SHARD=shard, GPUS="1")
         assert refused.returncode == 1 and "needs two GPUs or more" in refused.stdout
         assert not logged
+
+
+def test_device_check_leaves_the_compile_checks_to_ci(tmp_path):
+    """The whole suite by default: tests/, tests/test_cuda_compile.py ignored
+    (nvcc's checks, which CI runs without a GPU); COMPILE_TESTS=1 runs it too,
+    and TESTS runs what it names, that file included."""
+    device_check = device_check_with_stand_ins(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    ignored = f"--ignore {root}/tests/test_cuda_compile.py"
+    done, logged = device_check(STEPS="tests", GPUS="1")
+    assert done.returncode == 0 and len(logged) == 1, done.stdout + done.stderr
+    assert logged[0].endswith(f"{root}/tests {ignored}"), logged
+    for settings in ({"COMPILE_TESTS": "1"}, {"TESTS": "tests/test_cuda_compile.py"}):
+        done, logged = device_check(STEPS="tests", GPUS="1", **settings)
+        assert done.returncode == 0 and len(logged) == 1, done.stdout + done.stderr
+        assert "--ignore" not in logged[0] and "tests" in logged[0].split()[-1], logged
 
 
 def test_device_check_writes_a_cut_runs_unfinished_tests_and_runs_them(tmp_path):
