@@ -111,9 +111,12 @@ struct LaunchPlan {
   // B lands MN-major and is rewritten K-major in shared memory (wgmma's TF32
   // with both operands stored MN-major).
   bool transposes_b = false;
-  // 3xTF32's operands are split into TF32 hi and lo parts by a pass ahead of
-  // the kernel, into scratch, K-major (wgmma's tf32_parts.cuh).
-  bool parts_ahead = false;
+  // 3xTF32's operands are read as TF32 hi and lo parts (wgmma), each split
+  // by a pass ahead of the kernel into scratch, K-major (tf32_parts.cuh), but
+  // for those split on chip: landed as stored and split in shared memory by
+  // the producer warpgroup.
+  bool tf32_parts = false;
+  bool a_split_on_chip = false, b_split_on_chip = false;
   // The kernel loads every operand row as whole 16-byte lines (the TMA copy
   // engine; warptile's float32 mainloop, a quad a load): where rows are off
   // them, the lowering pads the operands if that moves `auto` onto such a

@@ -169,10 +169,19 @@ std::string LaunchPlan::Describe() const {
             " slabs (a chunk group of the parts laid along K)";
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
-  if (parts_ahead)
-    text +=
-        ", A and B split into TF32 hi and lo parts ahead of the kernel (K-major, in XLA's "
-        "scratch: twice the operands' bytes)";
+  if (tf32_parts) {
+    const char* const on_chip = " split into TF32 hi and lo parts in shared memory as ";
+    const char* const ahead =
+        " split into TF32 hi and lo parts ahead of the kernel (K-major, in "
+        "XLA's scratch: twice ";
+    if (a_split_on_chip && b_split_on_chip)
+      text += std::string(", A and B") + on_chip + "they land (each read once)";
+    else if (a_split_on_chip)
+      text += std::string(", A") + on_chip + "it lands (read once), B" + ahead + "its bytes)";
+    else if (b_split_on_chip)
+      text += std::string(", B") + on_chip + "it lands (read once), A" + ahead + "its bytes)";
+    else text += std::string(", A and B") + ahead + "the operands' bytes)";
+  }
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

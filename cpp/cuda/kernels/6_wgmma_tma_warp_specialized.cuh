@@ -46,7 +46,12 @@
 // the four parts of each slab, and the consumers read all of them from shared
 // memory. Split by the kernel's own warps (A in the consumers' registers, B by
 // the producer warpgroup's idle warps), the splits and A's loads cost more
-// than the tensor cores' work (NOTES.md, "3xTF32's parts split ahead").
+// than the tensor cores' work (NOTES.md, "3xTF32's parts split ahead"). An
+// operand the kernel reads only once (one column of tiles for A, one row for
+// B) and stored K-major lands as stored instead, and the producer
+// warpgroup's idle warps split each slab of it in shared memory: a pass ahead
+// would read it, write twice its bytes and have the kernel read those back
+// (NOTES.md, "3xTF32's parts split on chip where read once").
 #pragma once
 
 #include <cuda_runtime.h>
@@ -144,23 +149,30 @@ using WgmmaSplitKLaidX3 = WgmmaLaidX3<WgmmaSplitK>;
 //   In: the operands' type; float means TF32, with A from registers.
 //   kAMnMajor, kBMnMajor: the operands' layouts as the copy engine lands them.
 //   kSplit: 3xTF32 rather than one TF32 pass: A and B each a stack of two
-//     parts, hi and lo, both K-major (tf32_parts.cuh).
+//     parts, hi and lo, both K-major (tf32_parts.cuh), but for those that
+//   kSplitOnChip names (kAOnChip, kBOnChip): stored K-major, landed as
+//     stored and split in shared memory.
 //   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
 //     it writes element (i, j) of its result to C[j][i].
 // TF32 wgmma reads B K-major only: a TF32 B landed MN-major is rewritten
 // K-major (kTransposesB) by the producer warpgroup's idle warps into the
-// stage's second B buffer (kRewritesB).
+// stage's second B buffer. Those warps do every rewrite (kRewrites): that,
+// or 3xTF32's splits on chip.
+enum SplitOnChip : int { kNoneOnChip = 0, kAOnChip = 1, kBOnChip = 2, kBothOnChip = 3 };
 template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
-          bool kTransposedOut_ = false>
+          bool kTransposedOut_ = false, int kSplitOnChip_ = kNoneOnChip>
 struct WgmmaOperands {
   using In = In_;
   static constexpr bool kAMnMajor = kAMnMajor_, kBMnMajor = kBMnMajor_;
   static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
   static constexpr bool kTf32 = std::is_same_v<In, float>;
   static constexpr bool kTransposesB = kTf32 && kBMnMajor;
-  static constexpr bool kRewritesB = kTransposesB;
+  static constexpr bool kSplitsAOnChip = (kSplitOnChip_ & kAOnChip) != 0;
+  static constexpr bool kSplitsBOnChip = (kSplitOnChip_ & kBOnChip) != 0;
+  static constexpr bool kRewrites = kTransposesB || kSplitsAOnChip || kSplitsBOnChip;
   static_assert(!kSplit || (kTf32 && !kAMnMajor && !kBMnMajor && !kTransposedOut),
-                "3xTF32 reads float32 operands' parts, split ahead K-major");
+                "3xTF32 reads float32 operands' parts, K-major");
+  static_assert(kSplit || kSplitOnChip_ == kNoneOnChip, "only 3xTF32 splits on chip");
 };
 
 template <class Cfg, class Ops>
@@ -173,9 +185,9 @@ struct WgmmaTiles {
   static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
   static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
   static constexpr int kParts = Ops::kSplit ? 2 : 1;  // of each operand: 3xTF32's hi and lo
-  static constexpr int kBSecondBytes = Ops::kRewritesB ? B::kBytes : 0;
+  static constexpr int kBSecondBytes = Ops::kTransposesB ? B::kBytes : 0;
   static constexpr int kStageBytes = kParts * (A::kBytes + B::kBytes) + kBSecondBytes;
-  // Stages, then full, empty and (B rewritten) landed barriers; 1 KB of
+  // Stages, then full, empty and (rewritten) landed barriers; 1 KB of
   // slack to align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
   // Slack to align the epilogue's shared memory past the barriers (the
@@ -225,7 +237,7 @@ struct WgmmaStages {
   uint8_t* base;
   uint64_t* full;    // the consumers may read the stage
   uint64_t* empty;   // the consumers are done with it
-  uint64_t* landed;  // B rewritten: copied, not yet rewritten
+  uint64_t* landed;  // rewritten (kRewrites): copied, not yet rewritten
 
   __device__ __forceinline__ explicit WgmmaStages(uint8_t* shared_raw)
       : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 *
@@ -260,11 +272,11 @@ struct WgmmaStages {
   __device__ __forceinline__ void Init(int rewriters) const {
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's arrival (the copy engine adds the bytes), or every rewriter's.
-      hopper::InitBarrier(&full[s], Ops::kRewritesB ? rewriters : 1);
+      hopper::InitBarrier(&full[s], Ops::kRewrites ? rewriters : 1);
       // Every consumer warp of every block of the cluster: each block's
       // producer copies into all of their stages.
       hopper::InitBarrier(&empty[s], 4 * Cfg::kConsumers * Cfg::kClusterM);
-      if constexpr (Ops::kRewritesB) hopper::InitBarrier(&landed[s], 1);
+      if constexpr (Ops::kRewrites) hopper::InitBarrier(&landed[s], 1);
     }
     hopper::FenceBarrierInit();
   }
@@ -294,9 +306,9 @@ struct StageCursor {
 };
 
 // Warpgroup 0. One thread issues the copy engine's loads, kStages slabs ahead
-// of the consumers; where B is rewritten (TF32 landed MN-major), the other
-// three warps transpose each landed B slab K-major beside it before the
-// consumers may read it.
+// of the consumers; where a slab is rewritten (kRewrites: TF32 B landed
+// MN-major, 3xTF32's operands split on chip), the other three warps rewrite
+// each landed slab beside it before the consumers may read it.
 // The rest of its registers go to the consumers (setmaxnreg). Both walk the
 // block's work units in the scheduler's order, as the consumers do.
 template <class Cfg, class Ops, class Scheduler>
@@ -311,8 +323,8 @@ struct WgmmaProducer {
     hopper::ShrinkRegisters<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
       Copy(stages, a_map, b_map, dims, stacks);
-    } else if constexpr (Ops::kRewritesB) {
-      if (threadIdx.x >= 32) RewriteB(stages, dims, threadIdx.x - 32);
+    } else if constexpr (Ops::kRewrites) {
+      if (threadIdx.x >= 32) Rewrite(stages, dims, threadIdx.x - 32);
     }
   }
 
@@ -320,13 +332,18 @@ struct WgmmaProducer {
   // A: this block's own rows. B: part `rank` of each slab, multicast to every
   // block of the cluster, whose full barriers count the bytes of all parts.
   // An operand given as a slice of a stack is copied from the chosen slice's
-  // batches (its descriptor spans the stack's). 3xTF32: each operand's lo
-  // part lies one part's batches past its hi (LaunchWgmmaParts).
+  // batches (its descriptor spans the stack's). 3xTF32: each operand split
+  // ahead has its lo part one part's batches past its hi (LaunchWgmmaParts);
+  // one split on chip lands as stored where its hi goes.
   __device__ __forceinline__ static void Copy(const Stages& stages, const CUtensorMap* a_map,
                                               const CUtensorMap* b_map, const MatmulDims& dims,
                                               const WgmmaStacks& stacks) {
     constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
-    uint64_t* const copied = Ops::kRewritesB ? stages.landed : stages.full;
+    constexpr bool kALoCopied = Ops::kSplit && !Ops::kSplitsAOnChip;
+    constexpr bool kBLoCopied = Ops::kSplit && !Ops::kSplitsBOnChip;
+    constexpr int kSlabBytes =
+        (1 + kALoCopied) * Tiles::A::kBytes + (1 + kBLoCopied) * Tiles::B::kBytes;
+    uint64_t* const copied = Ops::kRewrites ? stages.landed : stages.full;
     const int a_first = FirstBatchOf(stacks.a, dims.a_batch_stride, dims.batch);
     const int b_first = FirstBatchOf(stacks.b, dims.b_batch_stride, dims.batch);
     const int a_lo = static_cast<int>(dims.a_batch_stride ? dims.batch : 1);
@@ -339,38 +356,63 @@ struct WgmmaProducer {
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         // Every block of the cluster released the stage.
         hopper::WaitBarrier(&stages.empty[at.stage], at.parity ^ 1);
-        hopper::ArriveExpectingBytes(&copied[at.stage],
-                                     Tiles::kParts * (Tiles::A::kBytes + Tiles::B::kBytes));
+        hopper::ArriveExpectingBytes(&copied[at.stage], kSlabBytes);
         const int k0 = slab * Tiles::kSlab;
         Tiles::A::Load(stages.A(at.stage), a_map, &copied[at.stage], unit.row0, k0, a_batch);
         Tiles::B::template LoadPart<Cfg::kClusterM>(stages.B(at.stage), b_map, &copied[at.stage],
                                                     unit.col0, k0, b_batch, Scheduler::Rank(),
                                                     kCluster);
-        if constexpr (Ops::kSplit) {
+        if constexpr (kALoCopied)
           Tiles::A::Load(stages.ALo(at.stage), a_map, &copied[at.stage], unit.row0, k0,
                          a_batch + a_lo);
+        if constexpr (kBLoCopied)
           Tiles::B::template LoadPart<Cfg::kClusterM>(stages.BSecond(at.stage), b_map,
                                                       &copied[at.stage], unit.col0, k0,
                                                       b_batch + b_lo, Scheduler::Rank(), kCluster);
-        }
         at.Advance();
       }
     }
   }
 
-  // Every landed B slab rewritten, then handed to the consumers.
-  __device__ __forceinline__ static void RewriteB(const Stages& stages, const MatmulDims& dims,
-                                                  int rewriter) {
+  // Every landed slab rewritten, then handed to the consumers.
+  __device__ __forceinline__ static void Rewrite(const Stages& stages, const MatmulDims& dims,
+                                                 int rewriter) {
     StageCursor<Cfg::kStages> at;
     Scheduler scheduler;
     for (WorkUnit unit; scheduler.Next(dims, unit);) {
       for (int slab = unit.slab_begin; slab < unit.slab_end; ++slab) {
         hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
-        TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
+        if constexpr (Ops::kTransposesB)
+          TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
+        if constexpr (Ops::kSplitsAOnChip)
+          SplitSlab<Tiles::A::kBytes>(stages.A(at.stage), stages.ALo(at.stage), rewriter);
+        if constexpr (Ops::kSplitsBOnChip)
+          SplitSlab<Tiles::B::kBytes>(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
         hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
         hopper::Arrive(&stages.full[at.stage]);
         at.Advance();
       }
+    }
+  }
+
+  // A landed float32 slab split into its TF32 parts (tf32.cuh's SplitTf32,
+  // the bits the pass ahead makes): hi over the float where it landed, lo at
+  // the same offset of `lo`. The two tiles share one swizzled layout, so the
+  // split goes byte range by byte range, a 16-byte chunk a thread at a time,
+  // consecutive chunks across a warp's lanes: no bank conflicts.
+  template <int kBytes>
+  __device__ __forceinline__ static void SplitSlab(uint8_t* hi_in_place, uint8_t* lo,
+                                                   int rewriter) {
+    const uint32_t from = SharedAddress(hi_in_place), to = SharedAddress(lo);
+    for (uint32_t at = 16 * rewriter; at < kBytes; at += 16 * kRewriters) {
+      const uint4 x = hopper::LoadShared4(from + at);
+      uint4 hi, parts_lo;
+      SplitTf32(__uint_as_float(x.x), hi.x, parts_lo.x);
+      SplitTf32(__uint_as_float(x.y), hi.y, parts_lo.y);
+      SplitTf32(__uint_as_float(x.z), hi.z, parts_lo.z);
+      SplitTf32(__uint_as_float(x.w), hi.w, parts_lo.w);
+      hopper::StoreShared4(from + at, hi);
+      hopper::StoreShared4(to + at, parts_lo);
     }
   }
 
@@ -1098,6 +1140,22 @@ inline bool WgmmaLayoutFits(bool split_tf32, const MatmulDims& d) {
   return !WgmmaTransposesB(split_tf32, d);
 }
 
+// Which of 3xTF32's operands the kernel splits on chip (SplitOnChip): those
+// stored K-major that it reads only once, A where the output is one column of
+// 128-wide tiles, B where it is one row (and neither broadcast over batches):
+// a pass ahead would read such an operand, write twice its bytes and have the
+// kernel read those back (4096 x 4096 by 4096 x 128 on an H200: the pass over
+// A took 69 of the product's 137 us; NOTES.md).
+inline int WgmmaSplitsOnChip(const MatmulDims& d) {
+  const bool a_once = d.n <= WgmmaParts::kBlockN && (d.a_batch_stride || d.batch == 1);
+  const bool b_once = d.m <= WgmmaParts::kBlockM && (d.b_batch_stride || d.batch == 1);
+  return (!d.transpose_a && a_once ? kAOnChip : kNoneOnChip) |
+         (d.transpose_b && b_once ? kBOnChip : kNoneOnChip);
+}
+static_assert(WgmmaParts::kBlockM == WgmmaSplitKParts::kBlockM &&
+                  WgmmaParts::kBlockN == WgmmaSplitKParts::kBlockN,
+              "3xTF32's tiles are one shape, split or not");
+
 // Whether the copy engine can read both operands (16-byte-aligned rows and
 // batches, coordinates within 32 bits) as the kernel would arrange them.
 template <class In>
@@ -1313,44 +1371,65 @@ cudaError_t LaunchWgmmaLayouts(const WgmmaArrangement& w, Out* out, const Launch
 
 // 3xTF32: A and B split into their TF32 hi and lo parts (tf32_parts.cuh), in
 // XLA's scratch, each a stack of two K-major parts (A's (m, k), B's (n, k),
-// whatever the stored layouts), then the kernel on the parts.
+// whatever the stored layouts), but for those the plan splits on chip
+// (WgmmaSplitsOnChip), read as stored; then the kernel on them.
 template <class Cfg, class Out>
 cudaError_t LaunchWgmmaParts(const Product& p, Out* out, const LaunchContext& context,
                              const LaunchPlan& plan) {
   const MatmulDims& d = p.dims;
   const int64_t ld = Tf32PartsLd(d.k);
-  const Tf32PartsLayout a{static_cast<const float*>(p.a),
-                          d.m,
-                          d.k,
-                          d.lda,
-                          d.a_batch_stride,
-                          d.a_batch_stride ? d.batch : 1,
-                          !d.transpose_a,
-                          ld};
-  const Tf32PartsLayout b{
-      static_cast<const float*>(p.b), d.n,           d.k, d.ldb, d.b_batch_stride,
-      d.b_batch_stride ? d.batch : 1, d.transpose_b, ld};
-  // 16 bytes: the most XLA's scratch allocator takes, and what the copy engine asks.
-  void* const a_parts = context.scratch
-                            ? context.scratch->Allocate(2 * a.PartElements() * sizeof(float), 16)
-                            : nullptr;
-  void* const b_parts = context.scratch
-                            ? context.scratch->Allocate(2 * b.PartElements() * sizeof(float), 16)
-                            : nullptr;
-  if (!a_parts || !b_parts) return cudaErrorMemoryAllocation;
-  if (cudaError_t err = SplitIntoTf32Parts(a, p.a_stack, a_parts, context.stream)) return err;
-  if (cudaError_t err = SplitIntoTf32Parts(b, p.b_stack, b_parts, context.stream)) return err;
-  MatmulDims parts = d;
-  parts.transpose_a = false, parts.transpose_b = true;  // a (m, k), b (n, k)
-  parts.lda = parts.ldb = ld;
-  parts.a_batch_stride = d.a_batch_stride ? d.m * ld : 0;
-  parts.b_batch_stride = d.b_batch_stride ? d.n * ld : 0;
-  // Each a stack of two: the descriptors span hi and lo (OperandOf); no index
-  // to choose a slice, so the kernel starts at hi and finds lo past it.
-  const WgmmaStacks stacks{StackSlice{nullptr, 2, a.PartElements()},
-                           StackSlice{nullptr, 2, b.PartElements()}};
-  return LaunchWgmmaKernel<Cfg, WgmmaOperands<float, false, false, true>>(
-      WgmmaArrangement{parts, a_parts, b_parts, false, stacks}, out, context, plan);
+  MatmulDims arranged = d;
+  const void* operands[2] = {p.a, p.b};
+  WgmmaStacks stacks{p.a_stack, p.b_stack};
+  // Operand 0 (A, rows m) or 1 (B, rows n) split ahead into scratch: the
+  // kernel reads its parts K-major, a stack of two (the descriptor spans hi
+  // and lo, OperandOf; no index to choose a slice, so the kernel starts at
+  // hi and finds lo past it).
+  auto split_ahead = [&](int operand) -> cudaError_t {
+    const bool is_a = operand == 0;
+    const Tf32PartsLayout layout{static_cast<const float*>(operands[operand]),
+                                 is_a ? d.m : d.n,
+                                 d.k,
+                                 is_a ? d.lda : d.ldb,
+                                 is_a ? d.a_batch_stride : d.b_batch_stride,
+                                 (is_a ? d.a_batch_stride : d.b_batch_stride) ? d.batch : 1,
+                                 is_a ? !d.transpose_a : d.transpose_b,
+                                 ld};
+    // 16 bytes: the most XLA's scratch allocator takes, and what the copy engine asks.
+    void* const parts =
+        context.scratch ? context.scratch->Allocate(2 * layout.PartElements() * sizeof(float), 16)
+                        : nullptr;
+    if (!parts) return cudaErrorMemoryAllocation;
+    if (cudaError_t err =
+            SplitIntoTf32Parts(layout, is_a ? p.a_stack : p.b_stack, parts, context.stream))
+      return err;
+    operands[operand] = parts;
+    (is_a ? stacks.a : stacks.b) = StackSlice{nullptr, 2, layout.PartElements()};
+    (is_a ? arranged.lda : arranged.ldb) = ld;
+    if (is_a) {
+      arranged.transpose_a = false;  // (m, k)
+      arranged.a_batch_stride = d.a_batch_stride ? d.m * ld : 0;
+    } else {
+      arranged.transpose_b = true;  // (n, k)
+      arranged.b_batch_stride = d.b_batch_stride ? d.n * ld : 0;
+    }
+    return cudaSuccess;
+  };
+  if (!plan.a_split_on_chip)
+    if (cudaError_t err = split_ahead(0)) return err;
+  if (!plan.b_split_on_chip)
+    if (cudaError_t err = split_ahead(1)) return err;
+  const WgmmaArrangement w{arranged, operands[0], operands[1], false, stacks};
+  auto launch = [&](auto on_chip) {
+    constexpr int kOnChip = decltype(on_chip)::value;
+    return LaunchWgmmaKernel<Cfg, WgmmaOperands<float, false, false, true, false, kOnChip>>(
+        w, out, context, plan);
+  };
+  if (plan.a_split_on_chip && plan.b_split_on_chip)
+    return launch(std::integral_constant<int, kBothOnChip>{});
+  if (plan.a_split_on_chip) return launch(std::integral_constant<int, kAOnChip>{});
+  if (plan.b_split_on_chip) return launch(std::integral_constant<int, kBOnChip>{});
+  return launch(std::integral_constant<int, kNoneOnChip>{});
 }
 
 // 16-bit inputs with a few rows swapped onto wgmma's N (WgmmaSwapsFewRows, a
@@ -1421,7 +1500,10 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
   };
   if (p.SplitsTf32()) {
     LaunchPlan parts = split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
-    parts.parts_ahead = true;
+    const int on_chip = WgmmaSplitsOnChip(p.dims);
+    parts.tf32_parts = true;
+    parts.a_split_on_chip = (on_chip & kAOnChip) != 0;
+    parts.b_split_on_chip = (on_chip & kBOnChip) != 0;
     return parts;
   }
   if (WgmmaOutputIsSkinny(arranged))
@@ -1458,7 +1540,10 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
                            const LaunchContext& context) {
   constexpr bool kTf32 = std::is_same_v<In, float>;
   if (p.SplitsTf32()) {
-    if (!WgmmaLayoutFits(true, p.dims) || plan.swap_ab || plan.transposes_b)
+    const int on_chip = WgmmaSplitsOnChip(p.dims);
+    if (!WgmmaLayoutFits(true, p.dims) || plan.swap_ab || plan.transposes_b ||
+        plan.a_split_on_chip != ((on_chip & kAOnChip) != 0) ||
+        plan.b_split_on_chip != ((on_chip & kBOnChip) != 0))
       return cudaErrorInvalidValue;
     if constexpr (kTf32)
       return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
