@@ -31,6 +31,7 @@ from helpers import (
     bind_product,
     kernels_on,
     matmul_problem,
+    needs_cuda_module,
     operands,
     random_array,
     relative_norm_error,
@@ -404,6 +405,80 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
     assert not transposes(kernel="mma")
     assert not transposes(dtype=jnp.bfloat16)
     assert not transposes(precision=lax.Precision.HIGHEST)
+
+
+# What explain says of 3xTF32's operands on wgmma (kernel_table.cu).
+SPLIT_ON_CHIP = "split into TF32 hi and lo parts in shared memory"
+SPLIT_AHEAD = "split into TF32 hi and lo parts ahead of the kernel"
+
+
+@needs_cuda_module
+def test_3xtf32_splits_on_chip_the_operands_read_once():
+    """wgmma's 3xTF32 splits each operand into TF32 hi and lo parts by a pass
+    ahead of the kernel, except one that the kernel reads only once and that
+    is stored K-major: A where C is one column of 128-wide tiles, B where it
+    is one row, neither broadcast over batches (each batch reads it again).
+    That one lands as stored and is split in shared memory (a pass ahead over
+    a 4096 x 4096 A with 128 columns of C took half the product's time)."""
+
+    def plan_of(problem):
+        kernel, reason, plan = _ffi.cuda_explain("float32", "float32", problem, 132, "high")
+        assert kernel == "wgmma", (problem, reason)
+        return plan
+
+    on_chip = {
+        # (batch_a, batch_b, m, n, k, transpose_a, transpose_b): (A on chip, B on chip)
+        (1, 1, 4096, 128, 4096, False, False): (True, False),
+        (1, 1, 4096, 128, 4096, False, True): (True, False),
+        (1, 1, 4096, 128, 4096, True, True): (False, False),  # A stored (k, m)
+        (1, 1, 4096, 4096, 4096, False, True): (False, False),
+        (1, 1, 128, 4096, 4096, False, True): (False, True),
+        (1, 1, 128, 4096, 4096, False, False): (False, False),  # B stored (k, n)
+        (1, 1, 128, 128, 16384, False, True): (True, True),
+        (8, 8, 1024, 128, 1024, False, True): (True, False),
+        (1, 8, 1024, 128, 1024, False, True): (False, False),  # A broadcast over 8 batches
+        (8, 1, 128, 1024, 1024, False, True): (False, False),  # B broadcast
+    }
+    for problem, (a, b) in on_chip.items():
+        plan = plan_of(problem)
+        said = {
+            (True, True): "A and B " + SPLIT_ON_CHIP,
+            (True, False): "A " + SPLIT_ON_CHIP,
+            (False, True): "B " + SPLIT_ON_CHIP,
+            (False, False): "A and B " + SPLIT_AHEAD,
+        }[a, b]
+        assert said in plan, (problem, plan)
+        assert (SPLIT_AHEAD in plan) == (not (a and b)), (problem, plan)
+
+
+@pytest.mark.gpu
+def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
+    """An operand split on chip has the parts the pass ahead makes, so the
+    same bits: each product here is a slice of a wider (taller) one whose
+    same operand is split ahead, both with tiles enough to fill every SM (no
+    K split, so every tile sums alike). Both on chip: against float64."""
+    if "wgmma" not in tensor_core_kernels():
+        pytest.skip("wgmma needs a Hopper GPU")
+    long, k = 256 * 128, 200  # rows of whole tiles past any GPU's SMs; K off the slabs
+    big = random_array(rng, (long, k), F32)
+    once, extra = random_array(rng, (128, k), F32), random_array(rng, (100, k), F32)
+    both = jnp.concatenate([once, extra])
+    high = lax.Precision.HIGH
+
+    def product(a, b, ta, tb, split):
+        problem = (1, 1, a.shape[1] if ta else a.shape[0], b.shape[0], k, ta, tb)
+        assert split in _ffi.cuda_explain("float32", "float32", problem, 132, high)[2]
+        return np.asarray(bind_product(a[None], b[None], ta, tb, precision=high, kernel="wgmma"))[0]
+
+    a_on_chip = product(big, once, False, True, "A " + SPLIT_ON_CHIP)
+    a_ahead = product(big, both, False, True, "A and B " + SPLIT_AHEAD)
+    np.testing.assert_array_equal(a_on_chip, a_ahead[:, :128])
+    b_on_chip = product(once, big, False, True, "B " + SPLIT_ON_CHIP)
+    b_ahead = product(both, big, False, True, "A and B " + SPLIT_AHEAD)
+    np.testing.assert_array_equal(b_on_chip, b_ahead[:128])
+    assert_matmul_close(a_on_chip, big, once.T, platform="cuda", precision=high)
+    out = product(once, extra[:64], False, True, "A and B " + SPLIT_ON_CHIP)
+    assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
 
 
 @pytest.mark.gpu
