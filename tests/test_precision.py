@@ -410,6 +410,7 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
 # What explain says of 3xTF32's operands on wgmma (kernel_table.cu).
 SPLIT_ON_CHIP = "split into TF32 hi and lo parts in shared memory"
 SPLIT_AHEAD = "split into TF32 hi and lo parts ahead of the kernel"
+SPLIT_IN_KERNEL = "its A (read once) split into TF32 hi and lo parts in registers"
 
 
 @needs_cuda_module
@@ -419,7 +420,9 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
     is stored K-major: A where C is one column of 128-wide tiles, B where it
     is one row, neither broadcast over batches (each batch reads it again).
     That one lands as stored and is split in shared memory (a pass ahead over
-    a 4096 x 4096 A with 128 columns of C took half the product's time)."""
+    a 4096 x 4096 A with 128 columns of C took half the product's time). The
+    caller's x @ w with few rows, w stored (k, n), splits in the kernel
+    instead: swapped, w the kernel's A split in registers, x its B."""
 
     def plan_of(problem):
         kernel, reason, plan = _ffi.cuda_explain("float32", "float32", problem, 132, "high")
@@ -433,7 +436,8 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         (1, 1, 4096, 128, 4096, True, True): (False, False),  # A stored (k, m)
         (1, 1, 4096, 4096, 4096, False, True): (False, False),
         (1, 1, 128, 4096, 4096, False, True): (False, True),
-        (1, 1, 128, 4096, 4096, False, False): (False, False),  # B stored (k, n)
+        (1, 1, 4096, 4096, 4096, False, False): (False, False),  # B stored (k, n)
+        (1, 1, 129, 4096, 4096, False, False): (False, False),
         (1, 1, 128, 128, 16384, False, True): (True, True),
         (8, 8, 1024, 128, 1024, False, True): (True, False),
         (1, 8, 1024, 128, 1024, False, True): (False, False),  # A broadcast over 8 batches
@@ -449,6 +453,16 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         }[a, b]
         assert said in plan, (problem, plan)
         assert (SPLIT_AHEAD in plan) == (not (a and b)), (problem, plan)
+        assert SPLIT_IN_KERNEL not in plan, (problem, plan)
+    for problem in [
+        (1, 1, 128, 4096, 4096, False, False),
+        (1, 1, 16, 8192, 8192, False, False),
+        (4, 1, 16, 1024, 1024, False, False),
+        (1, 1, 1, 300, 70, False, False),
+    ]:
+        plan = plan_of(problem)
+        assert SPLIT_IN_KERNEL in plan and "C^T = B^T A^T" in plan, (problem, plan)
+        assert SPLIT_AHEAD not in plan and SPLIT_ON_CHIP not in plan, (problem, plan)
 
 
 @pytest.mark.gpu
@@ -479,6 +493,26 @@ def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
     assert_matmul_close(a_on_chip, big, once.T, platform="cuda", precision=high)
     out = product(once, extra[:64], False, True, "A and B " + SPLIT_ON_CHIP)
     assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 100, 128])
+def test_3xtf32_split_in_kernel_is_as_close_as_the_parts(rng, on_gpu, m):
+    """x @ w with few rows, w stored (k, n), splits in the kernel (w in
+    registers, x in shared memory): the split parts are the pass's, so its
+    error against float64 is 3xTF32's, on odd n and K off the slabs, K split
+    or not, and with x batched over a broadcast w."""
+    if "wgmma" not in tensor_core_kernels():
+        pytest.skip("wgmma needs a Hopper GPU")
+    high = lax.Precision.HIGH
+    for batch, n, k in [(1, 300, 4100), (1, 1000, 200), (3, 136, 520)]:
+        x = random_array(rng, (batch, m, k), F32)
+        w = random_array(rng, (1, k, n), F32)
+        problem = (batch, 1, m, n, k, False, False)
+        assert SPLIT_IN_KERNEL in _ffi.cuda_explain("float32", "float32", problem, 132, high)[2]
+        out = np.asarray(bind_product(x, w, False, False, precision=high, kernel="wgmma"))
+        for i in range(batch):
+            assert_matmul_close(out[i], x[i], w[0], platform="cuda", precision=high)
 
 
 @pytest.mark.gpu

@@ -117,6 +117,10 @@ struct LaunchPlan {
   // the producer warpgroup.
   bool tf32_parts = false;
   bool a_split_on_chip = false, b_split_on_chip = false;
+  // 3xTF32 split in the kernel instead (wgmma, the caller's x @ w with few
+  // rows): its A split in the consumers' registers, its B in shared memory,
+  // as they land.
+  bool tf32_split_in_kernel = false;
   // The kernel loads every operand row as whole 16-byte lines (the TMA copy
   // engine; warptile's float32 mainloop, a quad a load): where rows are off
   // them, the lowering pads the operands if that moves `auto` onto such a

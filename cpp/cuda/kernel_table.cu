@@ -182,6 +182,10 @@ std::string LaunchPlan::Describe() const {
       text += std::string(", B") + on_chip + "it lands (read once), A" + ahead + "its bytes)";
     else text += std::string(", A and B") + ahead + "the operands' bytes)";
   }
+  if (tf32_split_in_kernel)
+    text +=
+        ", its A (read once) split into TF32 hi and lo parts in registers and its B in shared "
+        "memory as they land";
   if (persistent_blocks)
     text += ", a persistent grid of " + std::to_string(persistent_blocks) + " blocks";
   return text;

@@ -117,11 +117,15 @@ using WgmmaNarrow = WgmmaConfig<128, 6>;
 using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
 using WgmmaParts = WgmmaConfig<128, 3>;
+// 3xTF32 split in the kernel (A in registers, B in shared memory): stages of
+// A, B's hi and B's lo, as those rewriting B, 128 x 128 tiles, 4 of 48 KB.
+using WgmmaSplitInKernel = WgmmaRewritingB;
 // Split K: 128 x 128 tiles, 6 stages of 32 KB; with 3xTF32's parts, 3 stages
 // of 64 KB. The partial sums' 68 KB lie over the stages
 // (ClusterReduceEpilogue::kOverStages).
 using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
 using WgmmaSplitKParts = WgmmaConfig<128, 3, 1, true>;
+using WgmmaSplitKSplitInKernel = WgmmaConfig<128, 4, 1, true>;
 // Split K on 128 x 256 tiles, 4 stages of 48 KB (the partial sums' 132 KB lie
 // over them), for 16-bit inputs into 16-bit results whose K is deep
 // (WgmmaSplitsWide): each slab of A then serves 256 columns, not 128, so a
@@ -151,14 +155,22 @@ using WgmmaSplitKLaidX3 = WgmmaLaidX3<WgmmaSplitK>;
 //   kSplit: 3xTF32 rather than one TF32 pass: A and B each a stack of two
 //     parts, hi and lo, both K-major (tf32_parts.cuh), but for those that
 //   kSplitOnChip names (kAOnChip, kBOnChip): stored K-major, landed as
-//     stored and split in shared memory.
+//     stored and split in shared memory; kAInRegisters: A landed as stored
+//     (either major) and split by the consumers as they load it into
+//     registers.
 //   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
 //     it writes element (i, j) of its result to C[j][i].
 // TF32 wgmma reads B K-major only: a TF32 B landed MN-major is rewritten
 // K-major (kTransposesB) by the producer warpgroup's idle warps into the
 // stage's second B buffer. Those warps do every rewrite (kRewrites): that,
 // or 3xTF32's splits on chip.
-enum SplitOnChip : int { kNoneOnChip = 0, kAOnChip = 1, kBOnChip = 2, kBothOnChip = 3 };
+enum SplitOnChip : int {
+  kNoneOnChip = 0,
+  kAOnChip = 1,
+  kBOnChip = 2,
+  kBothOnChip = 3,
+  kAInRegisters = 4,
+};
 template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
           bool kTransposedOut_ = false, int kSplitOnChip_ = kNoneOnChip>
 struct WgmmaOperands {
@@ -169,9 +181,13 @@ struct WgmmaOperands {
   static constexpr bool kTransposesB = kTf32 && kBMnMajor;
   static constexpr bool kSplitsAOnChip = (kSplitOnChip_ & kAOnChip) != 0;
   static constexpr bool kSplitsBOnChip = (kSplitOnChip_ & kBOnChip) != 0;
+  static constexpr bool kSplitsAInRegisters = (kSplitOnChip_ & kAInRegisters) != 0;
   static constexpr bool kRewrites = kTransposesB || kSplitsAOnChip || kSplitsBOnChip;
-  static_assert(!kSplit || (kTf32 && !kAMnMajor && !kBMnMajor && !kTransposedOut),
-                "3xTF32 reads float32 operands' parts, K-major");
+  static_assert(!kSplit || (kTf32 && !kBMnMajor &&
+                            (kSplitsAInRegisters || (!kAMnMajor && !kTransposedOut))),
+                "3xTF32 reads float32 operands' parts K-major, but A split in registers");
+  static_assert(!kSplitsAInRegisters || (kSplitsBOnChip && !kSplitsAOnChip),
+                "A split in registers is built with B split on chip only");
   static_assert(kSplit || kSplitOnChip_ == kNoneOnChip, "only 3xTF32 splits on chip");
 };
 
@@ -184,9 +200,12 @@ struct WgmmaTiles {
       hopper::SwizzledTile<typename Ops::In, Ops::kBMnMajor && !Ops::kTransposesB, Cfg::kBlockN>;
   static constexpr int kSlab = A::kElements;  // K per stage: one swizzle row
   static constexpr int kSteps = 4;            // instructions per slab: k16 (16-bit), k8 (TF32)
-  static constexpr int kParts = Ops::kSplit ? 2 : 1;  // of each operand: 3xTF32's hi and lo
+  // Tiles of each operand a stage holds: 3xTF32's hi and lo, but one of an A
+  // split in registers.
+  static constexpr int kAParts = Ops::kSplit && !Ops::kSplitsAInRegisters ? 2 : 1;
+  static constexpr int kBParts = Ops::kSplit ? 2 : 1;
   static constexpr int kBSecondBytes = Ops::kTransposesB ? B::kBytes : 0;
-  static constexpr int kStageBytes = kParts * (A::kBytes + B::kBytes) + kBSecondBytes;
+  static constexpr int kStageBytes = kAParts * A::kBytes + kBParts * B::kBytes + kBSecondBytes;
   // Stages, then full, empty and (rewritten) landed barriers; 1 KB of
   // slack to align the start.
   static constexpr int kSharedBytes = 1024 + Cfg::kStages * kStageBytes + 3 * Cfg::kStages * 8;
@@ -195,16 +214,17 @@ struct WgmmaTiles {
   static constexpr int kEpilogueAlignment = 1024;
 };
 
-// This thread's TF32 A operands for the kSteps k8 steps of one slab (one
-// TF32 pass). 16-bit A and 3xTF32's parts are read from shared memory and
-// need none.
-template <class Ops, int kSteps, bool = Ops::kTf32 && !Ops::kSplit>
+// This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
+// lo where 3xTF32 splits A in registers. 16-bit A and 3xTF32's parts are
+// read from shared memory and need none.
+template <class Ops, int kSteps, bool = Ops::kTf32 && (!Ops::kSplit || Ops::kSplitsAInRegisters)>
 struct AFragments {
   __device__ __forceinline__ void Fence() {}
 };
 template <class Ops, int kSteps>
 struct AFragments<Ops, kSteps, true> {
   uint32_t hi[kSteps][4];
+  uint32_t lo[Ops::kSplit ? kSteps : 1][4];
 
   // Element (r, k) of A, r = row0 + g (+ 8), k = 8 step + t (+ 4) with
   // g = lane / 4, t = lane % 4: wgmma's TF32 A layout for warp rows row0.
@@ -217,13 +237,17 @@ struct AFragments<Ops, kSteps, true> {
       for (int i = 0; i < 4; ++i) {
         const int row = row0 + lane / 4 + 8 * (i % 2), k = 8 * step + lane % 4 + 4 * (i / 2);
         const float x = __uint_as_float(hopper::LoadShared(at + Tile::ElementOffset(row, k)));
-        hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
+        if constexpr (Ops::kSplit) SplitTf32(x, hi[step][i], lo[step][i]);  // tf32_parts.cuh's bits
+        else hi[step][i] = CvtRnaTf32(x);  // as the copy engine rounds B
       }
   }
 
   __device__ __forceinline__ void Fence() {
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) hopper::FenceRegisters(hi[step]);
+    for (int step = 0; step < kSteps; ++step) {
+      hopper::FenceRegisters(hi[step]);
+      if constexpr (Ops::kSplit) hopper::FenceRegisters(lo[step]);
+    }
   }
 };
 
@@ -251,7 +275,7 @@ struct WgmmaStages {
   }
   __device__ __forceinline__ uint8_t* ALo(int stage) const { return A(stage) + Tiles::A::kBytes; }
   __device__ __forceinline__ uint8_t* B(int stage) const {
-    return A(stage) + Tiles::kParts * Tiles::A::kBytes;
+    return A(stage) + Tiles::kAParts * Tiles::A::kBytes;
   }
   // B's lo part (3xTF32), or B rewritten K-major.
   __device__ __forceinline__ uint8_t* BSecond(int stage) const {
@@ -339,7 +363,7 @@ struct WgmmaProducer {
                                               const CUtensorMap* b_map, const MatmulDims& dims,
                                               const WgmmaStacks& stacks) {
     constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
-    constexpr bool kALoCopied = Ops::kSplit && !Ops::kSplitsAOnChip;
+    constexpr bool kALoCopied = Tiles::kAParts == 2 && !Ops::kSplitsAOnChip;
     constexpr bool kBLoCopied = Ops::kSplit && !Ops::kSplitsBOnChip;
     constexpr int kSlabBytes =
         (1 + kALoCopied) * Tiles::A::kBytes + (1 + kBLoCopied) * Tiles::B::kBytes;
@@ -520,7 +544,7 @@ struct WgmmaConsumer {
                                           int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
-    if constexpr (Ops::kTf32 && !Ops::kSplit)
+    if constexpr (Ops::kTf32 && (!Ops::kSplit || Ops::kSplitsAInRegisters))
       a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
     a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
     hopper::WgmmaFence();
@@ -530,20 +554,26 @@ struct WgmmaConsumer {
       // too: dropped, it leans, since a truncated hi leaves lo x lo of the
       // product's sign), so only the four big ones are added (truncated)
       // into a large partial sum.
-      auto a_hi = [&](int step) { return Tiles::A::Descriptor(a_stage, a_rows, step); };
-      auto a_lo = [&](int step) {
-        return Tiles::A::Descriptor(stages.ALo(at.stage), a_rows, step);
+      // A's part (lo or hi) times a B part: A from registers where it is
+      // split there, else its part's tile.
+      auto mma = [&](bool a_lo, int step, uint64_t b_part, int accumulate) {
+        if constexpr (Ops::kSplitsAInRegisters)
+          hopper::WgmmaTf32<Cfg::kBlockN>(partial, a_lo ? a.lo[step] : a.hi[step], b_part,
+                                          accumulate);
+        else
+          hopper::WgmmaTf32Shared<Cfg::kBlockN>(
+              partial, Tiles::A::Descriptor(a_lo ? stages.ALo(at.stage) : a_stage, a_rows, step),
+              b_part, accumulate);
       };
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         const auto b_lo = Tiles::BRead::Descriptor(stages.BSecond(at.stage), 0, step);
-        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_lo(step), b_lo, step > 0);
-        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_lo(step), b(step), 1);
-        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_hi(step), b_lo, 1);
+        mma(true, step, b_lo, step > 0);
+        mma(true, step, b(step), 1);
+        mma(false, step, b_lo, 1);
       }
 #pragma unroll
-      for (int step = 0; step < Tiles::kSteps; ++step)
-        hopper::WgmmaTf32Shared<Cfg::kBlockN>(partial, a_hi(step), b(step), 1);
+      for (int step = 0; step < Tiles::kSteps; ++step) mma(false, step, b(step), 1);
       hopper::WgmmaCommit();
       // The other consumer warpgroup keeps the tensor cores busy meanwhile.
       AddPartial();
@@ -1152,6 +1182,22 @@ inline int WgmmaSplitsOnChip(const MatmulDims& d) {
   return (!d.transpose_a && a_once ? kAOnChip : kNoneOnChip) |
          (d.transpose_b && b_once ? kBOnChip : kNoneOnChip);
 }
+// Whether 3xTF32 splits in the kernel, not into parts: for the caller's
+// x @ w with few rows, w stored (k, n) and x (m, k), m no more than one
+// column of tiles of the swapped problem C^T = w^T x^T. Its A, w, is
+// MN-major, which TF32 wgmma reads from registers only: the consumers split it
+// as they load it (kAInRegisters) and the producer warpgroup's idle warps
+// split x in shared memory (kBOnChip). w is read once: split ahead it would be
+// read, written twice over and read back, and the parts' kernel would need
+// it rewritten K-major on chip as well (16 x 8192 by 8192 x 8192 on an H200:
+// 0.28 ms split in the kernel, 0.50 split ahead, 0.38 rewritten and split on
+// chip; NOTES.md, "3xTF32's parts split on chip where read once").
+inline bool WgmmaSplitsInKernel(const MatmulDims& d) {
+  return !d.transpose_a && !d.transpose_b && d.m <= WgmmaSplitInKernel::kBlockN;
+}
+static_assert(WgmmaSplitInKernel::kBlockN == WgmmaSplitKSplitInKernel::kBlockN,
+              "3xTF32's tiles split in the kernel are one shape, K split or not");
+
 static_assert(WgmmaParts::kBlockM == WgmmaSplitKParts::kBlockM &&
                   WgmmaParts::kBlockN == WgmmaSplitKParts::kBlockN,
               "3xTF32's tiles are one shape, split or not");
@@ -1470,7 +1516,8 @@ inline constexpr Takes kWgmmaTakes = [] {
 // 128 x 256 tiles; BF16_BF16_F32_X3's (laid_terms 3) into float32 take 128 x
 // 128 tiles whose partial sums hold a chunk group (WgmmaLaidX3).
 inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld held) {
-  const bool swap_ab = !p.SplitsTf32() && WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
+  const bool swap_ab =
+      p.SplitsTf32() ? WgmmaSplitsInKernel(p.dims) : WgmmaSwapsAB(p.in_type == Dtype::kF32, p.dims);
   const MatmulDims arranged = ArrangeWgmma(p.dims, nullptr, nullptr, swap_ab).dims;
   auto plan = [&](auto cfg) {
     using Cfg = decltype(cfg);
@@ -1498,6 +1545,11 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     splitting.split_groups = split.groups;
     return splitting;
   };
+  if (p.SplitsTf32() && swap_ab) {
+    LaunchPlan in_kernel = split_k(WgmmaSplitKSplitInKernel{}).value_or(plan(WgmmaSplitInKernel{}));
+    in_kernel.tf32_split_in_kernel = true;
+    return in_kernel;
+  }
   if (p.SplitsTf32()) {
     LaunchPlan parts = split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
     const int on_chip = WgmmaSplitsOnChip(p.dims);
@@ -1539,10 +1591,26 @@ template <class In>
 cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
                            const LaunchContext& context) {
   constexpr bool kTf32 = std::is_same_v<In, float>;
+  if (p.SplitsTf32() && WgmmaSplitsInKernel(p.dims)) {
+    if (!plan.swap_ab || plan.transposes_b || plan.tf32_parts || !plan.tf32_split_in_kernel)
+      return cudaErrorInvalidValue;
+    if constexpr (kTf32) {
+      // w, the kernel's A, is MN-major; x, its B, K-major (WgmmaSplitsInKernel).
+      using Ops = WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>;
+      const WgmmaArrangement w =
+          ArrangeWgmma(p.dims, p.a, p.b, true, WgmmaStacks{p.a_stack, p.b_stack});
+      return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
+        using Out = decltype(result);
+        return WithConfig<WgmmaSplitInKernel, WgmmaSplitKSplitInKernel>(plan, [&](auto cfg) {
+          return LaunchWgmmaKernel<decltype(cfg), Ops>(w, static_cast<Out*>(out), context, plan);
+        });
+      });
+    }
+  }
   if (p.SplitsTf32()) {
     const int on_chip = WgmmaSplitsOnChip(p.dims);
     if (!WgmmaLayoutFits(true, p.dims) || plan.swap_ab || plan.transposes_b ||
-        plan.a_split_on_chip != ((on_chip & kAOnChip) != 0) ||
+        plan.tf32_split_in_kernel || plan.a_split_on_chip != ((on_chip & kAOnChip) != 0) ||
         plan.b_split_on_chip != ((on_chip & kBOnChip) != 0))
       return cudaErrorInvalidValue;
     if constexpr (kTf32)
