@@ -462,6 +462,8 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
     ]:
         plan = plan_of(problem)
         assert SPLIT_IN_KERNEL in plan and "C^T = B^T A^T" in plan, (problem, plan)
+        reason = _ffi.cuda_explain("float32", "float32", problem, 132, "high")[1]
+        assert "A through registers" in reason and "parts read from" not in reason, reason
         assert SPLIT_AHEAD not in plan and SPLIT_ON_CHIP not in plan, (problem, plan)
 
 

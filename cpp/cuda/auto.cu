@@ -111,9 +111,10 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
         return TensorCoreInputs(p) +
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
-               (p.SplitsTf32() ? ", both operands' TF32 parts read from shared memory"
-                : tf32         ? ", A through registers"
-                               : "") +
+               (p.SplitsTf32() && !plan.tf32_split_in_kernel
+                    ? ", both operands' TF32 parts read from shared memory"
+                : tf32 ? ", A through registers"
+                       : "") +
                (tf32 && (plan.swap_ab || plan.transposes_b) ? " (TF32 reads B K-major only)"
                 : plan.swap_ab ? " (a few rows: they land on wgmma's N, 64 wide, where "
                                  "its M would be mostly padding)"

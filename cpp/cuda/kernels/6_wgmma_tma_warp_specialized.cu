@@ -45,6 +45,10 @@ static_assert(
     2 * kSplitKSharedBytes > 228 * 1024 &&
         2 * kWgmmaSharedBytes<WgmmaSplitKParts, WgmmaOperands<float, false, false, true>, float> >
             228 * 1024 &&
+        2 * kWgmmaSharedBytes<
+                WgmmaSplitKSplitInKernel,
+                WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>, float> >
+            228 * 1024 &&
         2 * kWgmmaSharedBytes<WgmmaSplitKSkinny, WgmmaOperands<__half, false, false>, __half> >
             228 * 1024,
     "a split-K block holds an SM alone");
