@@ -1188,17 +1188,27 @@ inline int WgmmaSplitsOnChip(const MatmulDims& d) {
          (d.transpose_b && b_once ? kBOnChip : kNoneOnChip);
 }
 // Whether 3xTF32 splits in the kernel, not into parts: for the caller's
-// x @ w with few rows, w stored (k, n) and x (m, k), m no more than one
-// column of tiles of the swapped problem C^T = w^T x^T. Its A, w, is
+// x @ w, w stored (k, n) and x (m, k), where the passes ahead would take
+// longer than the parts save. Swapped (C^T = w^T x^T), the kernel's A, w, is
 // MN-major, which TF32 wgmma reads from registers only: the consumers split it
 // as they load it (kAInRegisters) and the producer warpgroup's idle warps
-// split x in shared memory (kBOnChip). w is read once: split ahead it would be
-// read, written twice over and read back, and the parts' kernel would need
-// it rewritten K-major on chip as well (16 x 8192 by 8192 x 8192 on an H200:
-// 0.28 ms split in the kernel, 0.50 split ahead, 0.38 rewritten and split on
-// chip; NOTES.md, "3xTF32's parts split on chip where read once").
+// split x in shared memory (kBOnChip). A pass ahead reads its operand and
+// writes twice its bytes; the parts then run at about 1.5x the rate of the
+// split in the kernel (4096^3 on an H200: 1.50 ms against 2.15). Measured
+// there: 16 x 8192 by 8192 x 8192, 0.28 ms in the kernel, 0.50 ahead;
+// 256 x 4096 by 4096 x 4096, 0.151 against 0.176; 512 x 8192 by 8192 x 512,
+// 0.081 against 0.092 (NOTES.md, "3xTF32 split in the kernel or ahead").
 inline bool WgmmaSplitsInKernel(const MatmulDims& d) {
-  return !d.transpose_a && !d.transpose_b && d.m <= WgmmaSplitInKernel::kBlockN;
+  if (d.transpose_a || d.transpose_b) return false;
+  constexpr double kPassBytesPerElement = 12, kBytesPerSecond = 4e12;
+  constexpr double kPartsFlopsPerSecond = 97e12, kInKernelFlopsPerSecond = 64e12;
+  const double w_elements = double(d.k) * d.n * (d.b_batch_stride ? d.batch : 1);
+  const double x_elements = double(d.m) * d.k * (d.a_batch_stride ? d.batch : 1);
+  const bool x_on_chip = (WgmmaSplitsOnChip(d) & kAOnChip) != 0;
+  const double pass_seconds =
+      kPassBytesPerElement * (w_elements + (x_on_chip ? 0 : x_elements)) / kBytesPerSecond;
+  const double flops = 2.0 * d.m * d.n * d.k * d.batch;
+  return pass_seconds > flops * (1 / kInKernelFlopsPerSecond - 1 / kPartsFlopsPerSecond);
 }
 static_assert(WgmmaSplitInKernel::kBlockN == WgmmaSplitKSplitInKernel::kBlockN,
               "3xTF32's tiles split in the kernel are one shape, K split or not");
