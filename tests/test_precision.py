@@ -421,8 +421,9 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
     is one row, neither broadcast over batches (each batch reads it again).
     That one lands as stored and is split in shared memory (a pass ahead over
     a 4096 x 4096 A with 128 columns of C took half the product's time). The
-    caller's x @ w with few rows, w stored (k, n), splits in the kernel
-    instead: swapped, w the kernel's A split in registers, x its B."""
+    caller's x @ w, w stored (k, n), splits in the kernel instead where the
+    passes ahead would take longer than the parts save (few rows, or K deep
+    beside M x N): swapped, w the kernel's A split in registers, x its B."""
 
     def plan_of(problem):
         kernel, reason, plan = _ffi.cuda_explain("float32", "float32", problem, 132, "high")
@@ -437,7 +438,7 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         (1, 1, 4096, 4096, 4096, False, True): (False, False),
         (1, 1, 128, 4096, 4096, False, True): (False, True),
         (1, 1, 4096, 4096, 4096, False, False): (False, False),  # B stored (k, n)
-        (1, 1, 129, 4096, 4096, False, False): (False, False),
+        (1, 1, 2048, 2048, 2048, False, False): (False, False),
         (1, 1, 128, 128, 16384, False, True): (True, True),
         (8, 8, 1024, 128, 1024, False, True): (True, False),
         (1, 8, 1024, 128, 1024, False, True): (False, False),  # A broadcast over 8 batches
@@ -459,6 +460,8 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         (1, 1, 16, 8192, 8192, False, False),
         (4, 1, 16, 1024, 1024, False, False),
         (1, 1, 64, 14336, 4096, False, False),
+        (1, 1, 256, 4096, 4096, False, False),
+        (1, 1, 512, 512, 8192, False, False),
     ]:
         plan = plan_of(problem)
         assert SPLIT_IN_KERNEL in plan and "C^T = B^T A^T" in plan, (problem, plan)
