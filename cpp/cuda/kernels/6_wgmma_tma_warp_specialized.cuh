@@ -52,8 +52,9 @@
 // warpgroup's idle warps split each slab of it in shared memory: a pass ahead
 // would read it, write twice its bytes and have the kernel read those back
 // (NOTES.md, "3xTF32's parts split on chip where read once"). The plain
-// x @ w with few rows (w stored (k, n): MN-major, which TF32 wgmma reads
-// from registers only) splits in the kernel instead (WgmmaSplitsInKernel):
+// x @ w (w stored (k, n): MN-major, which TF32 wgmma reads from registers
+// only) splits in the kernel instead where the passes ahead would cost more
+// than the parts save (WgmmaSplitsInKernel):
 // as C^T = w^T x^T, w split in the consumers' registers as they load it, x
 // in shared memory by those idle warps (NOTES.md, "3xTF32 split ahead, on
 // chip, or in the kernel").
