@@ -519,6 +519,11 @@ __device__ __forceinline__ void GrowRegisters() {
 
 // TF32, both operands from shared memory (K-major): the accumulators, then
 // A's and B's descriptors and the accumulate flag.
+#define JAX_TILED_WGMMA_TF32_SS_N64                                                 \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"                    \
+  "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_32 \
+  "}, %32, %33, accumulate, 1, 1;\n}\n"
+
 #define JAX_TILED_WGMMA_TF32_SS_N128                                                 \
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                     \
   "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_64 \
@@ -610,10 +615,16 @@ template <int kN>
 __device__ __forceinline__ void WgmmaTf32Shared(float (&d)[kN / 2], uint64_t a, uint64_t b,
                                                 int accumulate) {
 #if JAX_TILED_SM90A
-  static_assert(kN == 128, "3xTF32's tiles are 128 wide");
-  asm volatile(JAX_TILED_WGMMA_TF32_SS_N128
-               : JAX_TILED_ACC64(d, 0)
-               : "l"(a), "l"(b), "r"(accumulate));
+  if constexpr (kN == 128) {
+    asm volatile(JAX_TILED_WGMMA_TF32_SS_N128
+                 : JAX_TILED_ACC64(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    static_assert(kN == 64, "3xTF32's tiles are 128 or 64 wide");
+    asm volatile(JAX_TILED_WGMMA_TF32_SS_N64
+                 : JAX_TILED_ACC32(d, 0)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  }
 #endif
 }
 
@@ -626,6 +637,7 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
 }
 
 #undef JAX_TILED_WGMMA_TF32_SS_N128
+#undef JAX_TILED_WGMMA_TF32_SS_N64
 #undef JAX_TILED_WGMMA_TF32_N256
 #undef JAX_TILED_WGMMA_TF32_N128
 #undef JAX_TILED_WGMMA_TF32_N64

@@ -123,6 +123,10 @@ using WgmmaNarrow = WgmmaConfig<128, 6>;
 using WgmmaSkinny = WgmmaConfig<64, 8>;
 using WgmmaRewritingB = WgmmaConfig<128, 4>;
 using WgmmaParts = WgmmaConfig<128, 3>;
+// 3xTF32's parts for outputs 64 or fewer columns wide: 128 x 64 tiles, 4
+// stages of 48 KB (128-wide tiles there are half padding, and so is half
+// the four products' tensor work).
+using WgmmaSkinnyParts = WgmmaConfig<64, 4>;
 // 3xTF32 split in the kernel (A in registers, B in shared memory): stages of
 // A, B's hi and B's lo, as those rewriting B, 128 x 128 tiles, 4 of 48 KB.
 using WgmmaSplitInKernel = WgmmaRewritingB;
@@ -131,6 +135,7 @@ using WgmmaSplitInKernel = WgmmaRewritingB;
 // (ClusterReduceEpilogue::kOverStages).
 using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
 using WgmmaSplitKParts = WgmmaConfig<128, 3, 1, true>;
+using WgmmaSplitKSkinnyParts = WgmmaConfig<64, 4, 1, true>;
 using WgmmaSplitKSplitInKernel = WgmmaConfig<128, 4, 1, true>;
 // Split K on 128 x 256 tiles, 4 stages of 48 KB (the partial sums' 132 KB lie
 // over them), for 16-bit inputs into 16-bit results whose K is deep
@@ -1567,7 +1572,12 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     return in_kernel;
   }
   if (p.SplitsTf32()) {
-    LaunchPlan parts = split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
+    // As one pass's skinny tiles below, for outputs 64 or fewer columns wide.
+    LaunchPlan parts = !WgmmaOutputIsSkinny(arranged)
+                           ? split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}))
+                       : WgmmaTilesFill(arranged, WgmmaSkinnyParts::kBlockN, multiprocessors)
+                           ? plan(WgmmaSkinnyParts{})
+                           : split_k(WgmmaSplitKSkinnyParts{}).value_or(plan(WgmmaSkinnyParts{}));
     const int on_chip = WgmmaSplitsOnChip(p.dims);
     parts.tf32_parts = true;
     parts.a_split_on_chip = (on_chip & kAOnChip) != 0;
@@ -1632,9 +1642,10 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
     if constexpr (kTf32)
       return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
         using Out = decltype(result);
-        return WithConfig<WgmmaParts, WgmmaSplitKParts>(plan, [&](auto cfg) {
-          return LaunchWgmmaParts<decltype(cfg), Out>(p, static_cast<Out*>(out), context, plan);
-        });
+        return WithConfig<WgmmaParts, WgmmaSplitKParts, WgmmaSkinnyParts, WgmmaSplitKSkinnyParts>(
+            plan, [&](auto cfg) {
+              return LaunchWgmmaParts<decltype(cfg), Out>(p, static_cast<Out*>(out), context, plan);
+            });
       });
   }
   if (plan.swap_ab != WgmmaSwapsAB(kTf32, p.dims) ||
