@@ -1521,9 +1521,11 @@ inline constexpr Takes kWgmmaTakes = [] {
   return takes;
 }();
 
-// The plan for a product: for 3xTF32, its operands' parts on 128 x 128 tiles
-// (WgmmaParts), with K split across clusters where the tiles alone would leave
-// most SMs idle (as for one pass, below), never swapped; WgmmaRewritingB for
+// The plan for a product: for 3xTF32 split in the kernel (WgmmaSplitsInKernel),
+// swapped, on 128 x 128 tiles (WgmmaSplitInKernel), else its operands' parts
+// on 128 x 128 tiles (WgmmaParts), never swapped; either with K split across
+// clusters where the tiles alone would leave most SMs idle (as for one pass,
+// below); WgmmaRewritingB for
 // one TF32 pass with both operands stored MN-major; else, for outputs 64 or fewer columns wide,
 // 128 x 64 tiles, with K split where they would leave most SMs idle; else
 // wide tiles in pairs sharing B where they fill the GPU (16-bit inputs: 128 x
