@@ -500,6 +500,37 @@ def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
     assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
 
 
+def test_3xtf32_parts_of_outputs_64_wide_take_128_by_64_tiles():
+    """Outputs 64 or fewer columns wide take 128 x 64 tiles for 3xTF32's
+    parts, as for one pass: 128-wide ones would be half padding, and so would
+    half the four products' tensor work be. 65 columns take 128 x 128."""
+    for problem, tiles in {
+        (1, 1, 16384, 64, 4096, False, False): "128 x 64 tiles",
+        (1, 1, 16384, 40, 4096, False, True): "128 x 64 tiles",
+        (1, 1, 1024, 64, 8192, False, True): "128 x 64 tiles",
+        (1, 1, 16384, 65, 4096, False, True): "128 x 128 tiles",
+    }.items():
+        kernel, reason, plan = _ffi.cuda_explain("float32", "float32", problem, 132, "high")
+        assert kernel == "wgmma", (problem, reason)
+        assert plan.startswith(tiles) and "parts" in plan, (problem, plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay != (True, False)], ids=str)
+def test_3xtf32_parts_on_128_by_64_tiles_against_float64(rng, on_gpu, layout):
+    """3xTF32's parts on 128 x 64 tiles: odd widths and K off the slabs, K
+    split across clusters or not, A split ahead or on chip (a.T @ b as
+    stored is refused: test_wgmma_float32_with_both_operands_mn_major)."""
+    if "wgmma" not in tensor_core_kernels():
+        pytest.skip("wgmma needs a Hopper GPU")
+    ta, tb = layout
+    high = lax.Precision.HIGH
+    for m, n, k in [(5000, 17, 1000), (300, 64, 200), (1000, 40, 6000)]:
+        a, b, a_op, b_op = operands(rng, m, n, k, ta, tb)
+        out = np.asarray(bind_product(a, b, ta, tb, precision=high, kernel="wgmma"))
+        assert_matmul_close(out[0], a_op[0], b_op[0], platform="cuda", precision=high)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [3, 16, 100, 128])
 def test_3xtf32_split_in_kernel_is_as_close_as_the_parts(rng, on_gpu, m):

@@ -45,6 +45,9 @@ static_assert(
     2 * kSplitKSharedBytes > 228 * 1024 &&
         2 * kWgmmaSharedBytes<WgmmaSplitKParts, WgmmaOperands<float, false, false, true>, float> >
             228 * 1024 &&
+        2 * kWgmmaSharedBytes<WgmmaSplitKSkinnyParts, WgmmaOperands<float, false, false, true>,
+                              float> >
+            228 * 1024 &&
         2 * kWgmmaSharedBytes<
                 WgmmaSplitKSplitInKernel,
                 WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>, float> >

@@ -1523,7 +1523,8 @@ inline constexpr Takes kWgmmaTakes = [] {
 
 // The plan for a product: for 3xTF32 split in the kernel (WgmmaSplitsInKernel),
 // swapped, on 128 x 128 tiles (WgmmaSplitInKernel), else its operands' parts
-// on 128 x 128 tiles (WgmmaParts), never swapped; either with K split across
+// on 128 x 128 tiles (WgmmaParts; 128 x 64, WgmmaSkinnyParts, for outputs 64
+// or fewer columns wide, as one pass's), never swapped; either with K split across
 // clusters where the tiles alone would leave most SMs idle (as for one pass,
 // below); WgmmaRewritingB for
 // one TF32 pass with both operands stored MN-major; else, for outputs 64 or fewer columns wide,
