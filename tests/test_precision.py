@@ -500,19 +500,25 @@ def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
     assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
 
 
-def test_3xtf32_parts_of_outputs_64_wide_take_128_by_64_tiles():
-    """Outputs 64 or fewer columns wide take 128 x 64 tiles for 3xTF32's
-    parts, as for one pass: 128-wide ones would be half padding, and so would
-    half the four products' tensor work be. 65 columns take 128 x 128."""
-    for problem, tiles in {
-        (1, 1, 16384, 64, 4096, False, False): "128 x 64 tiles",
-        (1, 1, 16384, 40, 4096, False, True): "128 x 64 tiles",
-        (1, 1, 1024, 64, 8192, False, True): "128 x 64 tiles",
-        (1, 1, 16384, 65, 4096, False, True): "128 x 128 tiles",
+def test_3xtf32_outputs_64_wide_take_128_by_64_tiles():
+    """Outputs 64 or fewer columns wide take 128 x 64 tiles for 3xTF32, as
+    for one pass: 128-wide ones would be half padding, and so would half the
+    four products' tensor work be. That is the parts' C, or the C^T of x @ w
+    split in the kernel, whose columns are x's rows. 65 columns take 128 x
+    128."""
+    for problem, (tiles, in_kernel) in {
+        (1, 1, 16384, 64, 4096, False, False): ("128 x 64 tiles", False),
+        (1, 1, 16384, 40, 4096, False, True): ("128 x 64 tiles", False),
+        (1, 1, 1024, 64, 8192, False, True): ("128 x 64 tiles", False),
+        (1, 1, 16384, 65, 4096, False, True): ("128 x 128 tiles", False),
+        (1, 1, 16, 8192, 8192, False, False): ("128 x 64 tiles", True),
+        (1, 1, 64, 14336, 4096, False, False): ("128 x 64 tiles", True),
+        (1, 1, 100, 8192, 8192, False, False): ("128 x 128 tiles", True),
     }.items():
         kernel, reason, plan = _ffi.cuda_explain("float32", "float32", problem, 132, "high")
         assert kernel == "wgmma", (problem, reason)
-        assert plan.startswith(tiles) and "parts" in plan, (problem, plan)
+        assert plan.startswith(tiles), (problem, plan)
+        assert (SPLIT_IN_KERNEL in plan) == in_kernel, (problem, plan)
 
 
 @pytest.mark.gpu

@@ -52,6 +52,10 @@ static_assert(
                 WgmmaSplitKSplitInKernel,
                 WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>, float> >
             228 * 1024 &&
+        2 * kWgmmaSharedBytes<
+                WgmmaSplitKSkinnySplitInKernel,
+                WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>, float> >
+            228 * 1024 &&
         2 * kWgmmaSharedBytes<WgmmaSplitKSkinny, WgmmaOperands<__half, false, false>, __half> >
             228 * 1024,
     "a split-K block holds an SM alone");

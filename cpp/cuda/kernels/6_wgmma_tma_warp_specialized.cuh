@@ -130,6 +130,9 @@ using WgmmaSkinnyParts = WgmmaConfig<64, 4>;
 // 3xTF32 split in the kernel (A in registers, B in shared memory): stages of
 // A, B's hi and B's lo, as those rewriting B, 128 x 128 tiles, 4 of 48 KB.
 using WgmmaSplitInKernel = WgmmaRewritingB;
+// ... for outputs 64 or fewer columns wide (x's few rows, swapped onto N):
+// 128 x 64 tiles, 6 stages of 32 KB.
+using WgmmaSkinnySplitInKernel = WgmmaConfig<64, 6>;
 // Split K: 128 x 128 tiles, 6 stages of 32 KB; with 3xTF32's parts, 3 stages
 // of 64 KB. The partial sums' 68 KB lie over the stages
 // (ClusterReduceEpilogue::kOverStages).
@@ -137,6 +140,7 @@ using WgmmaSplitK = WgmmaConfig<128, 6, 1, true>;
 using WgmmaSplitKParts = WgmmaConfig<128, 3, 1, true>;
 using WgmmaSplitKSkinnyParts = WgmmaConfig<64, 4, 1, true>;
 using WgmmaSplitKSplitInKernel = WgmmaConfig<128, 4, 1, true>;
+using WgmmaSplitKSkinnySplitInKernel = WgmmaConfig<64, 6, 1, true>;
 // Split K on 128 x 256 tiles, 4 stages of 48 KB (the partial sums' 132 KB lie
 // over them), for 16-bit inputs into 16-bit results whose K is deep
 // (WgmmaSplitsWide): each slab of A then serves 256 columns, not 128, so a
@@ -1216,8 +1220,6 @@ inline bool WgmmaSplitsInKernel(const MatmulDims& d) {
   const double flops = 2.0 * d.m * d.n * d.k * d.batch;
   return pass_seconds > flops * (1 / kInKernelFlopsPerSecond - 1 / kPartsFlopsPerSecond);
 }
-static_assert(WgmmaSplitInKernel::kBlockN == WgmmaSplitKSplitInKernel::kBlockN,
-              "3xTF32's tiles split in the kernel are one shape, K split or not");
 
 static_assert(WgmmaParts::kBlockM == WgmmaSplitKParts::kBlockM &&
                   WgmmaParts::kBlockN == WgmmaSplitKParts::kBlockN,
@@ -1522,13 +1524,13 @@ inline constexpr Takes kWgmmaTakes = [] {
 }();
 
 // The plan for a product: for 3xTF32 split in the kernel (WgmmaSplitsInKernel),
-// swapped, on 128 x 128 tiles (WgmmaSplitInKernel), else its operands' parts
-// on 128 x 128 tiles (WgmmaParts; 128 x 64, WgmmaSkinnyParts, for outputs 64
-// or fewer columns wide, as one pass's), never swapped; either with K split across
-// clusters where the tiles alone would leave most SMs idle (as for one pass,
-// below); WgmmaRewritingB for
-// one TF32 pass with both operands stored MN-major; else, for outputs 64 or fewer columns wide,
-// 128 x 64 tiles, with K split where they would leave most SMs idle; else
+// swapped, WgmmaSplitInKernel's configurations, else its operands' parts
+// (WgmmaParts'), never swapped; for outputs 64 or fewer columns wide, 128 x
+// 64 tiles, with K split where they would leave most SMs idle (as for one
+// pass, below), else 128 x 128 tiles with K split across clusters where the
+// tiles alone would leave most SMs idle. WgmmaRewritingB for one TF32 pass
+// with both operands stored MN-major; else, for outputs 64 or fewer columns
+// wide, 128 x 64 tiles, with K split where they would leave most SMs idle; else
 // wide tiles in pairs sharing B where they fill the GPU (16-bit inputs: 128 x
 // 192 where their waves end sooner, else 128 x 256), else 128 x 128
 // tiles with K split where the tiles alone would leave most SMs idle, else
@@ -1569,28 +1571,31 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
     splitting.split_groups = split.groups;
     return splitting;
   };
+  // For outputs 64 or fewer columns wide: 128 x 64 tiles, with K split
+  // where they would leave most SMs idle.
+  auto skinny_tiles = [&](auto skinny, auto split) {
+    return WgmmaTilesFill(arranged, decltype(skinny)::kBlockN, multiprocessors)
+               ? plan(skinny)
+               : split_k(split).value_or(plan(skinny));
+  };
+  const bool skinny = WgmmaOutputIsSkinny(arranged);
   if (p.SplitsTf32() && swap_ab) {
-    LaunchPlan in_kernel = split_k(WgmmaSplitKSplitInKernel{}).value_or(plan(WgmmaSplitInKernel{}));
+    LaunchPlan in_kernel =
+        skinny ? skinny_tiles(WgmmaSkinnySplitInKernel{}, WgmmaSplitKSkinnySplitInKernel{})
+               : split_k(WgmmaSplitKSplitInKernel{}).value_or(plan(WgmmaSplitInKernel{}));
     in_kernel.tf32_split_in_kernel = true;
     return in_kernel;
   }
   if (p.SplitsTf32()) {
-    // As one pass's skinny tiles below, for outputs 64 or fewer columns wide.
-    LaunchPlan parts = !WgmmaOutputIsSkinny(arranged)
-                           ? split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}))
-                       : WgmmaTilesFill(arranged, WgmmaSkinnyParts::kBlockN, multiprocessors)
-                           ? plan(WgmmaSkinnyParts{})
-                           : split_k(WgmmaSplitKSkinnyParts{}).value_or(plan(WgmmaSkinnyParts{}));
+    LaunchPlan parts = skinny ? skinny_tiles(WgmmaSkinnyParts{}, WgmmaSplitKSkinnyParts{})
+                              : split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
     const int on_chip = WgmmaSplitsOnChip(p.dims);
     parts.tf32_parts = true;
     parts.a_split_on_chip = (on_chip & kAOnChip) != 0;
     parts.b_split_on_chip = (on_chip & kBOnChip) != 0;
     return parts;
   }
-  if (WgmmaOutputIsSkinny(arranged))
-    return WgmmaTilesFill(arranged, WgmmaSkinny::kBlockN, multiprocessors)
-               ? plan(WgmmaSkinny{})
-               : split_k(WgmmaSplitKSkinny{}).value_or(plan(WgmmaSkinny{}));
+  if (skinny) return skinny_tiles(WgmmaSkinny{}, WgmmaSplitKSkinny{});
   // Parts laid along K need blocked sums, for which 128 x 256 tiles have no
   // room: one running sum over K x terms there had up to 14x jnp's error
   // (NOTES.md, "BF16_BF16_F32_X3: chunk groups, not the wide tiles").
@@ -1630,7 +1635,8 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
           ArrangeWgmma(p.dims, p.a, p.b, true, WgmmaStacks{p.a_stack, p.b_stack});
       return VisitOutput<kWgmmaTakes>(p.out_type, [&](auto result) -> cudaError_t {
         using Out = decltype(result);
-        return WithConfig<WgmmaSplitInKernel, WgmmaSplitKSplitInKernel>(plan, [&](auto cfg) {
+        return WithConfig<WgmmaSplitInKernel, WgmmaSplitKSplitInKernel, WgmmaSkinnySplitInKernel,
+                          WgmmaSplitKSkinnySplitInKernel>(plan, [&](auto cfg) {
           return LaunchWgmmaKernel<decltype(cfg), Ops>(w, static_cast<Out*>(out), context, plan);
         });
       });
