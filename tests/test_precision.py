@@ -500,6 +500,24 @@ def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
     assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
 
 
+def test_one_tf32_pass_reads_a_from_shared_memory_where_it_is_k_major():
+    """TF32 wgmma reads shared memory K-major only: A stored (m, k) lands
+    rounded by its own TFLOAT32 tensor map and is read from there, as B is;
+    A stored (k, m), or b stored (k, n) swapped onto A, goes through
+    registers."""
+    for problem, through_registers in {
+        (1, 1, 4096, 4096, 4096, False, True): False,  # a @ b.T
+        (1, 1, 4096, 64, 4096, False, True): False,  # 128 x 64 tiles
+        (4, 4, 1000, 1000, 1000, False, True): False,
+        (1, 1, 4096, 4096, 4096, False, False): True,  # a @ b: C^T, b on A
+        (1, 1, 4096, 4096, 4096, True, True): True,  # a stored (k, m)
+    }.items():
+        kernel, reason, _ = _ffi.cuda_explain("float32", "float32", problem, 132, "default")
+        assert kernel == "wgmma", (problem, reason)
+        assert ("A through registers" in reason) == through_registers, (problem, reason)
+        assert ("both operands from shared memory" in reason) != through_registers, reason
+
+
 def test_3xtf32_outputs_64_wide_take_128_by_64_tiles():
     """Outputs 64 or fewer columns wide take 128 x 64 tiles for 3xTF32, as
     for one pass: 128-wide ones would be half padding, and so would half the

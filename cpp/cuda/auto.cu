@@ -108,12 +108,18 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     if (!Refusal(wgmma, p, cc))
       return choose(wgmma, [&] {
         const LaunchPlan plan = wgmma.plan(p, device);
+        // TF32 wgmma reads shared memory K-major only: an MN-major A (stored
+        // (k, m), or b stored (k, n) swapped onto A) goes through registers,
+        // as does A split in the kernel (WgmmaOperands::kAFromRegisters).
+        const bool a_through_registers = p.SplitsTf32()
+                                             ? plan.tf32_split_in_kernel
+                                             : tf32 && (plan.swap_ab || p.dims.transpose_a);
         return TensorCoreInputs(p) +
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
-               (p.SplitsTf32() && !plan.tf32_split_in_kernel
-                    ? ", both operands' TF32 parts read from shared memory"
-                : tf32 ? ", A through registers"
+               (a_through_registers ? ", A through registers"
+                : p.SplitsTf32()    ? ", both operands' TF32 parts read from shared memory"
+                : tf32 ? ", both operands from shared memory, rounded to TF32 as they land"
                        : "") +
                (tf32 && (plan.swap_ab || plan.transposes_b) ? " (TF32 reads B K-major only)"
                 : plan.swap_ab ? " (a few rows: they land on wgmma's N, 64 wide, where "

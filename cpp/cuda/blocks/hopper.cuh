@@ -524,6 +524,11 @@ __device__ __forceinline__ void GrowRegisters() {
   "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_32 \
   "}, %32, %33, accumulate, 1, 1;\n}\n"
 
+#define JAX_TILED_WGMMA_TF32_SS_N256                                                  \
+  "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"                     \
+  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_128 \
+  "}, %128, %129, accumulate, 1, 1;\n}\n"
+
 #define JAX_TILED_WGMMA_TF32_SS_N128                                                 \
   "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"                     \
   "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {" JAX_TILED_ACC_OPERANDS_64 \
@@ -609,18 +614,23 @@ __device__ __forceinline__ void WgmmaTf32(float (&d)[kN / 2], const uint32_t (&a
 
 // One TF32 wgmma with both operands read K-major from shared memory: d (+)=
 // A(64 x 8) * B(8 x kN). For operands already TF32 values (3xTF32's parts,
-// split ahead of the kernel), whose low 13 bits are zero, so the tensor
+// split ahead of the kernel, or one pass's operands rounded by the copy
+// engine's TFLOAT32 tensor maps), whose low 13 bits are zero, so the tensor
 // cores' reading of the float32 bits as TF32 loses nothing.
 template <int kN>
 __device__ __forceinline__ void WgmmaTf32Shared(float (&d)[kN / 2], uint64_t a, uint64_t b,
                                                 int accumulate) {
 #if JAX_TILED_SM90A
-  if constexpr (kN == 128) {
+  if constexpr (kN == 256) {
+    asm volatile(JAX_TILED_WGMMA_TF32_SS_N256
+                 : JAX_TILED_ACC64(d, 0), JAX_TILED_ACC64(d, 64)
+                 : "l"(a), "l"(b), "r"(accumulate));
+  } else if constexpr (kN == 128) {
     asm volatile(JAX_TILED_WGMMA_TF32_SS_N128
                  : JAX_TILED_ACC64(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate));
   } else {
-    static_assert(kN == 64, "3xTF32's tiles are 128 or 64 wide");
+    static_assert(kN == 64, "wgmma tiles here are 64, 128 or 256 wide");
     asm volatile(JAX_TILED_WGMMA_TF32_SS_N64
                  : JAX_TILED_ACC32(d, 0)
                  : "l"(a), "l"(b), "r"(accumulate));
@@ -638,6 +648,7 @@ __device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN]) {
 
 #undef JAX_TILED_WGMMA_TF32_SS_N128
 #undef JAX_TILED_WGMMA_TF32_SS_N64
+#undef JAX_TILED_WGMMA_TF32_SS_N256
 #undef JAX_TILED_WGMMA_TF32_N256
 #undef JAX_TILED_WGMMA_TF32_N128
 #undef JAX_TILED_WGMMA_TF32_N64

@@ -31,9 +31,12 @@
 // TF32 step of the limit to inf (docs/precision.md, "Special values"); a
 // guard against that was more instructions on every A element (NOTES.md,
 // "Long sums").
-// Its A operand may come from registers instead, loaded by the consumers from
-// the swizzled tile in whatever layout it arrived (ElementOffset), so:
-// - B stored K-major (transpose_b): A from registers, either layout;
+// Its A operand is read from shared memory where it too is K-major, rounded
+// by a TFLOAT32 tensor map of its own; else from registers, loaded by the
+// consumers from the swizzled tile in whatever layout it arrived
+// (ElementOffset), so:
+// - B stored K-major (transpose_b): A stored (m, k) from shared memory, A
+//   stored (k, m) from registers;
 // - B stored MN-major (the plain a @ b): the kernel computes C^T = B^T A^T,
 //   where B^T is the register operand and A^T is K-major when a is stored
 //   (m, k), and the epilogue writes C transposed back;
@@ -197,6 +200,9 @@ struct WgmmaOperands {
   static constexpr bool kSplitsAOnChip = (kSplitOnChip_ & kAOnChip) != 0;
   static constexpr bool kSplitsBOnChip = (kSplitOnChip_ & kBOnChip) != 0;
   static constexpr bool kSplitsAInRegisters = (kSplitOnChip_ & kAInRegisters) != 0;
+  // TF32 A the consumers load into registers: MN-major (TF32 wgmma reads
+  // shared memory K-major only), or split there; else read from shared memory.
+  static constexpr bool kAFromRegisters = kTf32 && (kSplit ? kSplitsAInRegisters : kAMnMajor);
   static constexpr bool kRewrites = kTransposesB || kSplitsAOnChip || kSplitsBOnChip;
   static_assert(!kSplit || (kTf32 && !kBMnMajor &&
                             (kSplitsAInRegisters || (!kAMnMajor && !kTransposedOut))),
@@ -229,10 +235,10 @@ struct WgmmaTiles {
   static constexpr int kEpilogueAlignment = 1024;
 };
 
-// This thread's TF32 A operands for the kSteps k8 steps of one slab: hi, and
-// lo where 3xTF32 splits A in registers. 16-bit A and 3xTF32's parts are
-// read from shared memory and need none.
-template <class Ops, int kSteps, bool = Ops::kTf32 && (!Ops::kSplit || Ops::kSplitsAInRegisters)>
+// This thread's TF32 A operands for the kSteps k8 steps of one slab
+// (kAFromRegisters): hi, and lo where 3xTF32 splits A in registers. A read
+// from shared memory needs none.
+template <class Ops, int kSteps, bool = Ops::kAFromRegisters>
 struct AFragments {
   __device__ __forceinline__ void Fence() {}
 };
@@ -559,7 +565,7 @@ struct WgmmaConsumer {
                                           int& previous) {
     hopper::WaitBarrier(&stages.full[at.stage], at.parity);
     const uint8_t* const a_stage = stages.A(at.stage);
-    if constexpr (Ops::kTf32 && (!Ops::kSplit || Ops::kSplitsAInRegisters))
+    if constexpr (Ops::kAFromRegisters)
       a.template Load<typename Tiles::A>(a_stage, a_rows + 16 * warp, lane);
     a.Fence();  // the conversions stay ahead of the fence: wgmma reads A from here on
     hopper::WgmmaFence();
@@ -600,8 +606,11 @@ struct WgmmaConsumer {
 #pragma unroll
       for (int step = 0; step < Tiles::kSteps; ++step) {
         const int accumulate = !fresh || step > 0;  // 0: the sum's first product overwrites
-        if constexpr (Ops::kTf32)
+        if constexpr (Ops::kAFromRegisters)
           hopper::WgmmaTf32<Cfg::kBlockN>(sum, a.hi[step], b(step), accumulate);
+        else if constexpr (Ops::kTf32)
+          hopper::WgmmaTf32Shared<Cfg::kBlockN>(sum, Tiles::A::Descriptor(a_stage, a_rows, step),
+                                                b(step), accumulate);
         else
           hopper::Wgmma<Cfg::kBlockN, typename Ops::In, Ops::kAMnMajor, Ops::kBMnMajor>(
               sum, Tiles::A::Descriptor(a_stage, a_rows, step), b(step), accumulate);
@@ -1384,12 +1393,14 @@ cudaError_t LaunchWgmmaKernel(const WgmmaArrangement& w, Out* out, const LaunchC
       !WgmmaStackFits(w.stacks.a, dims.a_batch_stride, dims.batch) ||
       !WgmmaStackFits(w.stacks.b, dims.b_batch_stride, dims.batch))
     return cudaErrorInvalidValue;
-  if (cudaError_t err = hopper::EncodeOperand<In>(
-          OperandA<In>(dims, w.a, Tiles::A::BoxRows(), w.stacks.a), &a_map))
-    return err;
-  // One TF32 pass reads B as the copy engine rounds it; 3xTF32's parts are
-  // TF32 values already. Each block of a cluster copies its part of B.
+  // One TF32 pass reads B, and A from shared memory, as the copy engine
+  // rounds them; 3xTF32's parts are TF32 values already, and an operand it
+  // splits on chip must land whole. Each block of a cluster copies its part of B.
+  constexpr bool kRoundA = Ops::kTf32 && !Ops::kSplit && !Ops::kAFromRegisters;
   constexpr bool kRoundB = Ops::kTf32 && !Ops::kSplit;
+  if (cudaError_t err = hopper::EncodeOperand<In>(
+          OperandA<In>(dims, w.a, Tiles::A::BoxRows(), w.stacks.a), &a_map, kRoundA))
+    return err;
   constexpr int kBRows = Tiles::B::template BoxRows<Cfg::kClusterM>();
   if (cudaError_t err =
           hopper::EncodeOperand<In>(OperandB<In>(dims, w.b, kBRows, w.stacks.b), &b_map, kRoundB))
