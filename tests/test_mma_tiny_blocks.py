@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import LAYOUTS, assert_matmul_close, bind_product, needs_cuda_module, operands
+from helpers import (
+    LAYOUTS,
+    assert_matmul_close,
+    assert_same_bits_run_to_run,
+    bind_product,
+    needs_cuda_module,
+    operands,
+)
 from jax_tiled import _ffi
 
 # float32 runs as one TF32 pass at DEFAULT and as 3xTF32 at HIGH.
@@ -137,6 +144,4 @@ def test_bitwise_the_same_run_to_run(rng, dtype):
     )
     a, b, _, _ = operands(rng, 200, 136, 328, False, False, dtype)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, kernel="mma"))
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)
