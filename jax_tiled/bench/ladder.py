@@ -48,6 +48,7 @@ from jax_tiled.bench.harness import (
     attach_ratio,
     measure_into,
     peer_precision,
+    rows_for_each,
 )
 from jax_tiled.bench.products import make_inputs, product_fn
 from jax_tiled.bench.progress import Progress
@@ -168,12 +169,14 @@ def run_ladder(
         for dtype in args.dtype
     ]
     total = sum(len(section) + len({peer_precision(p) for _, p in section}) for _, section in work)
-    rows = []
-    with Progress(total, enabled=not args.no_progress) as progress:
-        for dtype, section in work:
-            rows += _run_section(args, shape, dtype, section, budget, progress, refusal_of, plan_of)
-            jax.clear_caches()
-    return rows
+    return rows_for_each(
+        work,
+        total,
+        args,
+        lambda dtype_section, progress: _run_section(
+            args, shape, *dtype_section, budget, progress, refusal_of, plan_of
+        ),
+    )
 
 
 def _run_section(
