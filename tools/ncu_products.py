@@ -394,20 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeatable)",
     )
     p.add_argument("--json", metavar="PATH", help="write every launch's metrics here")
-    p.add_argument(
-        "--section",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="an ncu section read besides the default ones (repeatable)",
-    )
-    p.add_argument(
-        "--metric",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="an ncu metric read besides the default ones (repeatable)",
-    )
+    for what in ("section", "metric"):
+        p.add_argument(
+            f"--{what}",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"an ncu {what} read besides the default ones (repeatable)",
+        )
     p.add_argument(
         "--stalls",
         action="store_true",
