@@ -301,8 +301,24 @@ def parse_ncu_csv(text: str) -> NcuReading:
     )
 
 
+def probe_command(kernel: str, shape: str, dtype: str, precision: str) -> list[str]:
+    """The command that runs one product alone in a fresh process (probe_main),
+    for a profiler to run it under."""
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "jax_tiled.bench.ladder",
+        "--probe",
+        kernel,
+        shape,
+        dtype,
+        precision,
+    ]
+
+
 def ncu_command(ncu: str, row: LadderRow) -> list[str]:
-    """Profiles one product of `row` in a fresh process (probe_main), only
+    """Profiles one product of `row` in a fresh process (probe_command), only
     between its cuProfilerStart and cuProfilerStop (--profile-from-start off),
     with the GPU's clocks left as they are."""
     return [
@@ -316,15 +332,7 @@ def ncu_command(ncu: str, row: LadderRow) -> list[str]:
         "off",
         "--clock-control",
         "none",
-        sys.executable,
-        "-P",
-        "-m",
-        "jax_tiled.bench.ladder",
-        "--probe",
-        row.kernel,
-        row.shape,
-        row.dtype,
-        row.precision,
+        *probe_command(row.kernel, row.shape, row.dtype, row.precision),
     ]
 
 
