@@ -328,6 +328,20 @@ def assert_special_values_across_k(
     assert_matmul_close(rest, a[3:], b, platform="cuda", precision=precision, out_dtype=out_dtype)
 
 
+def assert_same_bits_run_to_run(product, a, b, runs=3):
+    """`product(a, b)` run `runs` more times gives the first run's result bit
+    for bit: the kernel's sums meet in a fixed order, whatever the launch."""
+    first = np.asarray(product(a, b))
+    for _ in range(runs):
+        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+
+
+def tanh_loss_of(matmul):
+    """sum(tanh(a @ b)) at HIGHEST through `matmul`: a nonlinear loss whose
+    gradients carry the product's error through tanh'."""
+    return lambda a, b: jnp.sum(jnp.tanh(matmul(a, b, precision=HIGHEST)))
+
+
 def errors_beside_jnp(a, b, precision=HIGHEST, peer_precision=None) -> dict:
     """{"ours": ..., "jnp": ...}: the relative Frobenius error against float64
     of jax_tiled.matmul's product of a and b at `precision` and of

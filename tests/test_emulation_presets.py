@@ -18,7 +18,13 @@ import pytest
 from jax import lax
 
 import jax_tiled
-from helpers import F32, assert_runs_as, needs_cuda_module, random_array
+from helpers import (
+    F32,
+    assert_runs_as,
+    assert_same_bits_run_to_run,
+    needs_cuda_module,
+    random_array,
+)
 from jax_tiled import _ffi, _lowering, _presets
 
 Preset = lax.DotAlgorithmPreset
@@ -266,9 +272,7 @@ def test_bitwise_the_same_run_to_run(on_gpu, rng, preset):
     fixed order."""
     a, b = random_array(rng, (512, 8192), F32), random_array(rng, (8192, 512), F32)
     product = jax.jit(lambda x, y: jax_tiled.matmul(x, y, precision=preset))
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        assert np.array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)
 
 
 def _bits_with_specials(rng, shape) -> np.ndarray:

@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import LAYOUTS, assert_matmul_close, bind_product, needs_cuda_module, operands
+from helpers import (
+    LAYOUTS,
+    assert_matmul_close,
+    assert_same_bits_run_to_run,
+    assert_special_values_across_k,
+    bind_product,
+    needs_cuda_module,
+    operands,
+)
 from jax_tiled import _ffi
 
 # float32 runs as one TF32 pass at DEFAULT and as 3xTF32 at HIGH.
@@ -111,21 +119,9 @@ def test_slices_of_a_stack_read_in_place(rng, dtype):
 def test_special_values_reach_the_result(rng, dtype):
     """inf at the end of row 0's K, NaN at the start of row 1's, inf - inf
     across row 2's: carried as true arithmetic does; the other rows close."""
-    m, n, k = 128, 128, 256
-    a = rng.standard_normal((m, k)).astype(dtype)
-    b = rng.standard_normal((k, n)).astype(dtype)
-    a[0, k - 1] = np.inf
-    a[1, 0] = np.nan
-    a[2, k - 1], a[2, 0] = np.inf, -np.inf
-    with np.errstate(invalid="ignore"):
-        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    got = np.asarray(
-        jax_tiled.matmul(a, b, kernel="mma", preferred_element_type=jnp.float32), np.float64
+    assert_special_values_across_k(
+        rng, 128, 128, 256, kernel="mma", dtype=dtype, precision=None, out_dtype=np.float32
     )
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    infinite = np.isinf(want)
-    np.testing.assert_array_equal(got[infinite], want[infinite])
-    assert_matmul_close(got[3:].astype(np.float32), a[3:], b, platform="cuda", out_dtype=np.float32)
 
 
 @pytest.mark.gpu
@@ -137,6 +133,4 @@ def test_bitwise_the_same_run_to_run(rng, dtype):
     )
     a, b, _, _ = operands(rng, 200, 136, 328, False, False, dtype)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, kernel="mma"))
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)

@@ -22,10 +22,12 @@ from helpers import (
     TENSOR_CORE_KERNELS,
     assert_every_layout_and_type,
     assert_matmul_close,
+    assert_same_bits_run_to_run,
     errors_beside_jnp,
     highest_plan,
     needs_cuda_module,
     operands,
+    tanh_loss_of,
 )
 from jax_tiled import _ffi
 
@@ -210,9 +212,7 @@ def test_special_values_across_the_parts(rng, transpose_b):
 def test_bitwise_the_same_run_to_run(rng):
     a, b, _, _ = operands(rng, 1, 4096, 16384, False, False)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, precision=HIGHEST))
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)
 
 
 @pytest.mark.usefixtures("on_gpu")
@@ -247,11 +247,8 @@ def test_jit_grad_vmap(rng):
     a = jnp.asarray(rng.standard_normal((1, k)) / np.sqrt(k), jnp.float32)
     b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
 
-    def loss(matmul):
-        return lambda a, b: jnp.sum(jnp.tanh(matmul(a, b, precision=HIGHEST)))
-
-    ours = jax.jit(jax.grad(loss(jax_tiled.matmul), argnums=(0, 1)))(a, b)
-    theirs = jax.grad(loss(jnp.matmul), argnums=(0, 1))(a, b)
+    ours = jax.jit(jax.grad(tanh_loss_of(jax_tiled.matmul), argnums=(0, 1)))(a, b)
+    theirs = jax.grad(tanh_loss_of(jnp.matmul), argnums=(0, 1))(a, b)
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
     slope = 1 - np.tanh(a64 @ b64) ** 2
     exact = (slope @ b64.T, a64.T @ slope)

@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 import jax_tiled
-from helpers import LAYOUTS, assert_matmul_close, bind_product, operands
+from helpers import (
+    LAYOUTS,
+    assert_matmul_close,
+    assert_same_bits_run_to_run,
+    bind_product,
+    operands,
+)
 from jax_tiled import _ffi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_gpu")]
@@ -139,9 +145,7 @@ def test_bitwise_the_same_run_to_run(rng, dtype, precision, mnk):
     product = jax.jit(
         lambda a, b: jax_tiled.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
     )
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)
 
 
 @pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "default"), (np.float32, "high")])

@@ -22,11 +22,13 @@ from jax import lax
 import jax_tiled
 from helpers import (
     assert_every_layout_and_type,
+    assert_same_bits_run_to_run,
     assert_special_values_across_k,
     errors_beside_jnp,
     highest_plan,
     needs_cuda_module,
     operands,
+    tanh_loss_of,
 )
 from jax_tiled import _ffi
 
@@ -135,9 +137,7 @@ def test_every_layout_and_type_against_float64(rng, shape):
 def test_bitwise_the_same_run_to_run(rng):
     a, b, _, _ = operands(rng, 16, 8192, 8192, False, False)
     product = jax.jit(lambda a, b: jax_tiled.matmul(a, b, precision=HIGHEST))
-    first = np.asarray(product(a, b))
-    for _ in range(3):
-        np.testing.assert_array_equal(np.asarray(product(a, b)), first)
+    assert_same_bits_run_to_run(product, a, b)
 
 
 @pytest.mark.usefixtures("on_gpu")
@@ -158,11 +158,8 @@ def test_jit_grad_vmap_through_thin_blocks(rng):
     x = jnp.asarray(rng.standard_normal((16, 2048)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((2048, 512)), jnp.float32)
 
-    def loss(matmul):
-        return lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, precision=HIGHEST)))
-
-    got = jax.jit(jax.grad(loss(jax_tiled.matmul), argnums=(0, 1)))(x, w)
-    want = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    got = jax.jit(jax.grad(tanh_loss_of(jax_tiled.matmul), argnums=(0, 1)))(x, w)
+    want = jax.grad(tanh_loss_of(jnp.matmul), argnums=(0, 1))(x, w)
     for g, h in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=2e-4, atol=2e-4)
     xs = jnp.stack([x, 2 * x])

@@ -26,6 +26,7 @@ import jax_tiled
 from helpers import (
     LAYOUTS,
     assert_matmul_close,
+    assert_same_bits_run_to_run,
     assert_special_values_across_k,
     bind_product,
     errors_beside_jnp,
@@ -33,6 +34,7 @@ from helpers import (
     load_repository_module,
     needs_cuda_module,
     operands,
+    tanh_loss_of,
     x64,
 )
 from jax_tiled import _ffi
@@ -194,10 +196,12 @@ def test_bitwise_the_same_run_to_run(rng, shape):
     batch, m, n, k = shape
     for ta, tb in LAYOUTS:
         a, b, _, _ = operands(rng, m, n, k, ta, tb, np.float32, batch, batch)
-        first = np.asarray(bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile"))
-        for _ in range(2):
-            again = bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile")
-            np.testing.assert_array_equal(np.asarray(again), first)
+        assert_same_bits_run_to_run(
+            lambda a, b: bind_product(a, b, ta, tb, precision=HIGHEST, kernel="warptile"),
+            a,
+            b,
+            runs=2,
+        )
 
 
 @pytest.mark.usefixtures("on_gpu")
@@ -251,11 +255,8 @@ def test_jit_grad_vmap(rng):
     w = rng.standard_normal((1024, 2048)).astype(np.float32)
     assert highest_plan("warptile", (1, 2304, 2048, 1024), **H100).block_m == LARGE[0]
 
-    def loss(matmul):
-        return lambda x, w: jnp.sum(jnp.tanh(matmul(x, w, precision=HIGHEST)))
-
-    ours = jax.jit(jax.grad(loss(jax_tiled.matmul), argnums=(0, 1)))(x, w)
-    theirs = jax.grad(loss(jnp.matmul), argnums=(0, 1))(x, w)
+    ours = jax.jit(jax.grad(tanh_loss_of(jax_tiled.matmul), argnums=(0, 1)))(x, w)
+    theirs = jax.grad(tanh_loss_of(jnp.matmul), argnums=(0, 1))(x, w)
     x64_, w64 = x.astype(np.float64), w.astype(np.float64)
     g = 1 - np.tanh(x64_ @ w64) ** 2
     for name, got, jnp_got, want in zip(("x", "w"), ours, theirs, (g @ w64.T, x64_.T @ g)):

@@ -54,7 +54,7 @@ import sys
 import time
 
 from jax_tiled.bench import pallas
-from jax_tiled.bench.ladder import ncu_records
+from jax_tiled.bench.ladder import ncu_records, probe_command
 
 SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy")
 METRICS = (
@@ -119,19 +119,7 @@ def source_flags() -> list[str]:
 
 def ncu_command(ncu: str, flags: list[str], kernel: str, shape: str, dtype: str, precision: str):
     """One product under ncu, in a fresh process."""
-    return [
-        ncu,
-        *flags,
-        sys.executable,
-        "-P",
-        "-m",
-        "jax_tiled.bench.ladder",
-        "--probe",
-        kernel,
-        shape,
-        dtype,
-        precision,
-    ]
+    return [ncu, *flags, *probe_command(kernel, shape, dtype, precision)]
 
 
 def run_in_own_group(command: list[str], env: dict, timeout: float):
@@ -394,20 +382,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeatable)",
     )
     p.add_argument("--json", metavar="PATH", help="write every launch's metrics here")
-    p.add_argument(
-        "--section",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="an ncu section read besides the default ones (repeatable)",
-    )
-    p.add_argument(
-        "--metric",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="an ncu metric read besides the default ones (repeatable)",
-    )
+    for what in ("section", "metric"):
+        p.add_argument(
+            f"--{what}",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"an ncu {what} read besides the default ones (repeatable)",
+        )
     p.add_argument(
         "--stalls",
         action="store_true",

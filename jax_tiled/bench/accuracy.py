@@ -54,6 +54,7 @@ from jax_tiled.bench.harness import (
     peer_precision,
     precisions_for,
     relative_distance,
+    rows_for_each,
 )
 from jax_tiled.bench.products import product_fn, reference
 from jax_tiled.bench.progress import Progress
@@ -283,11 +284,14 @@ def measure_products(
 
 def run_accuracy(args, kernels: list[str], suite: str) -> list[AccuracyRow]:
     work = plan(args, kernels, suite)
-    rows = []
+
+    def every_distribution(shape_work, progress) -> list[AccuracyRow]:
+        shape, dtype, products = shape_work
+        return [
+            row
+            for distribution in DISTRIBUTIONS
+            for row in measure_products(shape, dtype, distribution, products, args.seed, progress)
+        ]
+
     total = len(DISTRIBUTIONS) * sum(len(p.kernels) for _, _, ps in work for p in ps)
-    with Progress(total, enabled=not args.no_progress) as progress:
-        for shape, dtype, products in work:
-            for distribution in DISTRIBUTIONS:
-                rows += measure_products(shape, dtype, distribution, products, args.seed, progress)
-            jax.clear_caches()
-    return rows
+    return rows_for_each(work, total, args, every_distribution)

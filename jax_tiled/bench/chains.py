@@ -33,6 +33,7 @@ from jax_tiled.bench.harness import (
     measure_agreeing_with_peers,
     measure_into,
     relative_distance,
+    rows_for_each,
     truth_of,
 )
 from jax_tiled.bench.progress import Progress
@@ -163,14 +164,12 @@ def run_chain(
 def run_chains(args, kernels: list[str], budget: Budget) -> list[ChainRow]:
     precisions = args.precision or ["default"]
     work = [(form, size, dtype) for dtype in args.dtype for size in args.sizes for form in FORMS]
-    rows = []
-    with Progress(
-        len(work) * count_rows({p: kernels for p in precisions}), enabled=not args.no_progress
-    ) as progress:
-        for form, size, dtype in work:
-            rows += run_chain(form, size, dtype, precisions, kernels, args, budget, progress)
-            jax.clear_caches()
-    return rows
+    return rows_for_each(
+        work,
+        len(work) * count_rows({p: kernels for p in precisions}),
+        args,
+        lambda chain, progress: run_chain(*chain, precisions, kernels, args, budget, progress),
+    )
 
 
 def describe_chains(length: int) -> str:

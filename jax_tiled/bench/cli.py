@@ -420,11 +420,10 @@ def main(argv=None) -> int:
     args.pallas_unavailable = pallas.unavailable()
     if args.pallas is None:
         args.pallas = args.pallas_unavailable is None
-    print(
-        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-        f"peers {list(peers_of(args))}; {len(args.shapes)} shapes x {args.dtype}; "
-        f"median of {args.repeats}",
-        file=sys.stderr,
+    _announce(
+        info,
+        f"kernels {kernels}; peers {list(peers_of(args))}; {len(args.shapes)} shapes x "
+        f"{args.dtype}; median of {args.repeats}",
     )
     if args.pallas_unavailable:
         shown = "marked n/a" if args.pallas else "left out (--pallas shows it, marked n/a)"
@@ -465,36 +464,60 @@ def train_step_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> i
     args.tokens = args.tokens or tokens or args.width
     args.sequences = args.sequences or sequences
     model, size = step_of(args)
-    print(
-        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-        f"training step of the {args.model} at width {args.width}, "
-        f"{args.sequences} x {args.tokens} tokens x {args.dtype}; "
-        f"median of {args.repeats}",
-        file=sys.stderr,
+    _announce(
+        info,
+        f"kernels {kernels}; training step of the {args.model} at width {args.width}, "
+        f"{args.sequences} x {args.tokens} tokens x {args.dtype}; median of {args.repeats}",
     )
 
     rows = run_train_steps(args, kernels, budget)
+    return _report_against_truth(
+        args,
+        info,
+        rows,
+        description=describe_train_step(model, size),
+        table=format_step_table(rows),
+        what="training step",
+        json_key="train_step",
+        json_fields={
+            "model_name": args.model,
+            "width": args.width,
+            "tokens": args.tokens,
+            "sequences": args.sequences,
+            "flops_per_step": step_flops(model, size),
+        },
+    )
+
+
+def _announce(info: dict, what: str) -> None:
+    """The run's first line, on stderr: the device, jax's version, then `what` runs."""
+    print(f"bench: {device_label(info)}; jax {info['jax_version']}; {what}", file=sys.stderr)
+
+
+def _report_against_truth(
+    args,
+    info: dict,
+    rows,
+    *,
+    description: str,
+    table: str,
+    what: str,
+    json_key: str,
+    json_fields: dict,
+) -> int:
+    """The report of rows checked against the truth (chains, training steps):
+    the table under its description and the rule it was judged by; with --json
+    the rows and, under `json_key`, `json_fields` then the description and the
+    rule. The exit status: 1 when any row failed (_report_failures, naming `what`)."""
+    agreement = f"{TRUTH_TEXT}; {AGREEMENT_TEXT}"
     print(heading(info))
-    print(describe_train_step(model, size))
-    print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
-    print(format_step_table(rows))
+    print(description)
+    print(agreement)
+    print(table)
     if args.json:
-        write_json(
-            args.json,
-            info,
-            args,
-            rows,
-            train_step={
-                "model_name": args.model,
-                "width": args.width,
-                "tokens": args.tokens,
-                "sequences": args.sequences,
-                "flops_per_step": step_flops(model, size),
-                "model": describe_train_step(model, size),
-                "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
-            },
-        )
-    return _report_failures(rows, "training step")
+        section = {**json_fields, "model": description, "agreement": agreement}
+        write_json(args.json, info, args, rows, **{json_key: section})
+    return _report_failures(rows, what)
 
 
 def _report_failures(rows, what: str) -> int:
@@ -514,32 +537,23 @@ def chain_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
 
     kernels = select_kernels(parser, args.kernels or ["auto"], jax_tiled.kernels())
     args.sizes = args.sizes or list(CHAIN_SIZES["cpu" if on_cpu else "gpu"])
-    print(
-        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-        f"chains of {args.chain_length} products, sizes {args.sizes} x {args.dtype}; "
-        f"median of {args.repeats}",
-        file=sys.stderr,
+    _announce(
+        info,
+        f"kernels {kernels}; chains of {args.chain_length} products, sizes {args.sizes} x "
+        f"{args.dtype}; median of {args.repeats}",
     )
 
     rows = run_chains(args, kernels, budget)
-    print(heading(info))
-    print(describe_chains(args.chain_length))
-    print(f"{TRUTH_TEXT}; {AGREEMENT_TEXT}")
-    print(format_chain_table(rows))
-    if args.json:
-        write_json(
-            args.json,
-            info,
-            args,
-            rows,
-            chains={
-                "length": args.chain_length,
-                "sizes": args.sizes,
-                "model": describe_chains(args.chain_length),
-                "agreement": f"{TRUTH_TEXT}; {AGREEMENT_TEXT}",
-            },
-        )
-    return _report_failures(rows, "chain")
+    return _report_against_truth(
+        args,
+        info,
+        rows,
+        description=describe_chains(args.chain_length),
+        table=format_chain_table(rows),
+        what="chain",
+        json_key="chains",
+        json_fields={"length": args.chain_length, "sizes": args.sizes},
+    )
 
 
 def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
@@ -550,11 +564,7 @@ def accuracy_main(parser, args, on_cpu: bool, info: dict) -> int:
 
     kernels = select_kernels(parser, args.kernels, jax_tiled.kernels())
     suite = "cpu" if on_cpu or args.cpu_suite else "gpu"
-    print(
-        f"bench: {device_label(info)}; jax {info['jax_version']}; kernels {kernels}; "
-        f"accuracy of {args.dtype}",
-        file=sys.stderr,
-    )
+    _announce(info, f"kernels {kernels}; accuracy of {args.dtype}")
 
     rows = run_accuracy(args, kernels, suite)
     flagged = sum(bool(row.misses) for row in rows)
@@ -589,11 +599,10 @@ def ladder_main(parser, args, on_cpu: bool, budget: Budget, info: dict) -> int:
         parser.error("--ladder: this build has no CUDA module (built without nvcc)")
     rungs = ladder.ladder_rungs(parser, args.kernels)
     args.shapes = args.shapes or [parse_shape(ladder.DEFAULT_SHAPE)]
-    print(
-        f"bench: {device_label(info)}; jax {info['jax_version']}; the ladder "
-        f"{[k.name for k in rungs]} on {args.shapes[0].name} x {args.dtype}; "
+    _announce(
+        info,
+        f"the ladder {[k.name for k in rungs]} on {args.shapes[0].name} x {args.dtype}; "
         f"median of {args.repeats}",
-        file=sys.stderr,
     )
     rows = ladder.run_ladder(args, rungs, budget)
     if args.ncu:

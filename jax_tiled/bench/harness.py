@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.timing import Budget, Timing, time_products
 
 PEER = "jnp.matmul"
@@ -110,6 +111,19 @@ def measure_into(
     row.calls = timing.calls
     row.tflops = flops / timing.seconds / 1e12
     return timing
+
+
+def rows_for_each(work: list, total_rows: int, args, rows_of) -> list:
+    """The rows of rows_of(item, progress) for each item of `work` in turn, under
+    one progress bar of `total_rows` (none with --no-progress). jax's caches are
+    cleared after each item: its compiled functions do not run again, and a
+    suite's worth of them would otherwise be held to the end."""
+    rows = []
+    with Progress(total_rows, enabled=not args.no_progress) as progress:
+        for item in work:
+            rows += rows_of(item, progress)
+            jax.clear_caches()
+    return rows
 
 
 def attach_ratio(row, peer) -> None:

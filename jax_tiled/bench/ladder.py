@@ -48,6 +48,7 @@ from jax_tiled.bench.harness import (
     attach_ratio,
     measure_into,
     peer_precision,
+    rows_for_each,
 )
 from jax_tiled.bench.products import make_inputs, product_fn
 from jax_tiled.bench.progress import Progress
@@ -168,12 +169,14 @@ def run_ladder(
         for dtype in args.dtype
     ]
     total = sum(len(section) + len({peer_precision(p) for _, p in section}) for _, section in work)
-    rows = []
-    with Progress(total, enabled=not args.no_progress) as progress:
-        for dtype, section in work:
-            rows += _run_section(args, shape, dtype, section, budget, progress, refusal_of, plan_of)
-            jax.clear_caches()
-    return rows
+    return rows_for_each(
+        work,
+        total,
+        args,
+        lambda dtype_section, progress: _run_section(
+            args, shape, *dtype_section, budget, progress, refusal_of, plan_of
+        ),
+    )
 
 
 def _run_section(
@@ -298,8 +301,24 @@ def parse_ncu_csv(text: str) -> NcuReading:
     )
 
 
+def probe_command(kernel: str, shape: str, dtype: str, precision: str) -> list[str]:
+    """The command that runs one product alone in a fresh process (probe_main),
+    for a profiler to run it under."""
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "jax_tiled.bench.ladder",
+        "--probe",
+        kernel,
+        shape,
+        dtype,
+        precision,
+    ]
+
+
 def ncu_command(ncu: str, row: LadderRow) -> list[str]:
-    """Profiles one product of `row` in a fresh process (probe_main), only
+    """Profiles one product of `row` in a fresh process (probe_command), only
     between its cuProfilerStart and cuProfilerStop (--profile-from-start off),
     with the GPU's clocks left as they are."""
     return [
@@ -313,15 +332,7 @@ def ncu_command(ncu: str, row: LadderRow) -> list[str]:
         "off",
         "--clock-control",
         "none",
-        sys.executable,
-        "-P",
-        "-m",
-        "jax_tiled.bench.ladder",
-        "--probe",
-        row.kernel,
-        row.shape,
-        row.dtype,
-        row.precision,
+        *probe_command(row.kernel, row.shape, row.dtype, row.precision),
     ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -20,6 +19,7 @@ from jax_tiled.bench.harness import (
     measure_against_peers,
     measure_into,
     precisions_for,
+    rows_for_each,
 )
 from jax_tiled.bench.progress import Progress
 from jax_tiled.bench.shapes import Shape
@@ -205,12 +205,9 @@ def run_all(args, kernels: list[str], budget: Budget) -> list[Row]:
         (shape, dtype, {p: kernels_for(dtype, p, kernels, requested) for p in precisions})
         for shape, dtype, precisions in plan(args)
     ]
-    rows = []
-    with Progress(
+    return rows_for_each(
+        work,
         sum(count_rows(ks, peers_of(args)) * len(out_dtypes(args, dtype)) for _, dtype, ks in work),
-        enabled=not args.no_progress,
-    ) as progress:
-        for shape, dtype, precision_kernels in work:
-            rows += run_shape(shape, dtype, precision_kernels, args, budget, progress)
-            jax.clear_caches()
-    return rows
+        args,
+        lambda shape_work, progress: run_shape(*shape_work, args, budget, progress),
+    )

@@ -71,6 +71,12 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ratio_cell(row, ratio: float | None) -> str:
+    """A time ratio to a peer: on the peer's own row, "peer" (what the kernels'
+    ratios are to)."""
+    return "peer" if row.is_peer else _fmt(ratio, ".3f")
+
+
 def _gbps_cells(row: Row, hbm: float | None) -> tuple[str, str]:
     """GB/s and its share of the device's HBM bandwidth: two cells, as the header has
     two columns (the share once shared the GB/s cell, on GPUs only, and a whitespace
@@ -155,14 +161,12 @@ def _text_table(head: tuple[str, ...], rows: list, cells_of, left: int) -> str:
 
 def _row_cells(row: Row, hbm: float | None, pallas: bool) -> tuple[str, ...]:
     lead = (row.shape, row.dtype_label, row.precision, row.kernel, str(row.sets))
-    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
-    pallas_ratio = "peer" if row.is_peer else _fmt(row.pallas_ratio, ".3f")
     return lead + (
         _fmt(row.ms, ".4f"),
         _fmt(row.tflops, ".3f"),
         *_gbps_cells(row, hbm),
-        ratio,
-        *((pallas_ratio,) if pallas else ()),
+        _ratio_cell(row, row.ratio),
+        *((_ratio_cell(row, row.pallas_ratio),) if pallas else ()),
         _fmt(row.rel_error, ".1e"),
         *((row.config or "-",) if pallas else ()),
     )
@@ -202,11 +206,10 @@ def format_chain_table(rows: list[ChainRow]) -> str:
 
 def _chain_cells(row: ChainRow) -> tuple[str, ...]:
     lead = (row.form, str(row.size), row.dtype, row.precision, row.kernel, str(row.sets))
-    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (
         _fmt(row.us_per_product, ".2f"),
         _fmt(row.tflops, ".3f"),
-        ratio,
+        _ratio_cell(row, row.ratio),
         *_err_cells(row, CHAIN_ERRS),
     )
 
@@ -231,11 +234,10 @@ def format_step_table(rows: list[StepRow]) -> str:
 
 def _step_cells(row: StepRow) -> tuple[str, ...]:
     lead = (row.dtype, row.precision, row.kernel, str(row.sets))
-    ratio = "peer" if row.is_peer else _fmt(row.ratio, ".3f")
     return lead + (
         _fmt(row.ms, ".4f"),
         _fmt(row.tflops, ".3f"),
-        ratio,
+        _ratio_cell(row, row.ratio),
         _fmt(row.loss, ".5g"),
         *_err_cells(row, STEP_ERRS),
     )

@@ -38,6 +38,7 @@ from jax_tiled.bench.harness import (
     measure_agreeing_with_peers,
     measure_into,
     relative_distance,
+    rows_for_each,
     truth_of,
 )
 from jax_tiled.bench.progress import Progress
@@ -279,14 +280,12 @@ def run_train_step(
 
 def run_train_steps(args, kernels: list[str], budget: Budget) -> list[StepRow]:
     precisions = args.precision or ["default"]
-    rows = []
-    with Progress(
-        len(args.dtype) * count_rows({p: kernels for p in precisions}), enabled=not args.no_progress
-    ) as progress:
-        for dtype in args.dtype:
-            rows += run_train_step(dtype, precisions, kernels, args, budget, progress)
-            jax.clear_caches()
-    return rows
+    return rows_for_each(
+        args.dtype,
+        len(args.dtype) * count_rows({p: kernels for p in precisions}),
+        args,
+        lambda dtype, progress: run_train_step(dtype, precisions, kernels, args, budget, progress),
+    )
 
 
 def describe_train_step(model: StepModel, size: StepSize) -> str:
