@@ -1216,7 +1216,8 @@ inline int WgmmaSplitsOnChip(const MatmulDims& d) {
 // split in the kernel (4096^3 on an H200: 1.50 ms against 2.15). Measured
 // there: 16 x 8192 by 8192 x 8192, 0.28 ms in the kernel, 0.50 ahead;
 // 256 x 4096 by 4096 x 4096, 0.151 against 0.176; 512 x 8192 by 8192 x 512,
-// 0.081 against 0.092 (NOTES.md, "3xTF32 split in the kernel or ahead").
+// 0.081 against 0.092 (NOTES.md, "3xTF32 split ahead, on chip, or in the
+// kernel"; the model: "The stack landed").
 inline bool WgmmaSplitsInKernel(const MatmulDims& d) {
   if (d.transpose_a || d.transpose_b) return false;
   constexpr double kPassBytesPerElement = 12, kBytesPerSecond = 4e12;
