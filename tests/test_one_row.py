@@ -136,8 +136,9 @@ def test_auto_runs_sixteen_bit_columns_on_the_row_blocks(dtype):
 def test_auto_runs_float32_high_rows_and_columns_on_the_row_blocks():
     """float32 at HIGH of one row or one column, b as stored or read
     transposed: the row blocks' sums in double (3xTF32's float32 sums over K
-    were 1.5-3.2x jnp HIGHEST's error there); two rows and the large
-    products stay on the tensor cores' 3xTF32."""
+    were 1.5-3.2x jnp HIGHEST's error there); two rows take the thin blocks
+    (test_thin_blocks.py), 33 rows and the large products the tensor cores'
+    3xTF32."""
     HIGH = lax.Precision.HIGH
 
     def explain(problem):
@@ -153,7 +154,8 @@ def test_auto_runs_float32_high_rows_and_columns_on_the_row_blocks():
         kernel, reason, plan = explain(problem)
         assert kernel == "warptile" and "float32 at HIGH" in reason, (problem, reason)
         assert plan.startswith("1 x 128 tiles"), (problem, plan)
-    for problem in ((1, 1, 2, 8192, 8192, False, False), (1, 1, 4096, 4096, 4096, False, False)):
+    assert explain((1, 1, 2, 8192, 8192, False, False))[2].startswith("32 x 128 tiles")
+    for problem in ((1, 1, 33, 8192, 8192, False, False), (1, 1, 4096, 4096, 4096, False, False)):
         assert explain(problem)[0] in TENSOR_CORE_KERNELS, problem
     found = jax_tiled.explain(
         S((1, 8192), jnp.float32), S((8192, 4096), jnp.float32), precision="high", backend="gpu"

@@ -457,8 +457,8 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         assert SPLIT_IN_KERNEL not in plan, (problem, plan)
     for problem in [
         (1, 1, 128, 4096, 4096, False, False),
-        (1, 1, 16, 8192, 8192, False, False),
-        (4, 1, 16, 1024, 1024, False, False),
+        (1, 1, 48, 8192, 8192, False, False),
+        (4, 1, 48, 1024, 1024, False, False),
         (1, 1, 64, 14336, 4096, False, False),
         (1, 1, 256, 4096, 4096, False, False),
         (1, 1, 512, 512, 8192, False, False),
@@ -529,7 +529,7 @@ def test_3xtf32_outputs_64_wide_take_128_by_64_tiles():
         (1, 1, 16384, 40, 4096, False, True): ("128 x 64 tiles", False),
         (1, 1, 1024, 64, 8192, False, True): ("128 x 64 tiles", False),
         (1, 1, 16384, 65, 4096, False, True): ("128 x 128 tiles", False),
-        (1, 1, 16, 8192, 8192, False, False): ("128 x 64 tiles", True),
+        (1, 1, 48, 8192, 8192, False, False): ("128 x 64 tiles", True),
         (1, 1, 64, 14336, 4096, False, False): ("128 x 64 tiles", True),
         (1, 1, 100, 8192, 8192, False, False): ("128 x 128 tiles", True),
     }.items():

@@ -116,6 +116,24 @@ def test_auto_takes_thin_blocks(rows, n, kernel, reason):
 
 
 @needs_cuda_module
+@pytest.mark.parametrize("rows,n", [(2, 8192), (16, 8192), (32, 8190), (33, 8192), (16, 40)])
+def test_auto_runs_high_of_few_rows_on_thin_blocks(rows, n):
+    """float32 at HIGH of at most 32 rows runs as at HIGHEST, on the thin
+    blocks in exact fp32, where wgmma's 3xTF32 would pad the rows to 64 for
+    its four TF32 products; more rows, or fewer than 64 columns, stay on the
+    tensor cores."""
+    found = jax_tiled.explain(
+        S((rows, 8192), jnp.float32), S((8192, n), jnp.float32), precision="high", backend="gpu"
+    )
+    if rows <= 32 and n >= 64:
+        assert found.kernel == "warptile", found
+        assert found.reason.startswith("float32 at HIGH of at most 32 rows"), found
+        assert found.plan.startswith("32 x 128 tiles"), found
+    else:
+        assert found.kernel in ("mma", "wgmma"), found
+
+
+@needs_cuda_module
 def test_auto_keeps_narrow_outputs_off_thin_blocks():
     """Fewer than 64 columns: a 128-wide thin block would be mostly padding."""
     found = jax_tiled.explain(
@@ -167,6 +185,21 @@ def test_jit_grad_vmap_through_thin_blocks(rng):
     np.testing.assert_allclose(
         np.asarray(batched), np.asarray(jnp.matmul(xs, w, precision=HIGHEST)), rtol=2e-5, atol=2e-4
     )
+
+
+@pytest.mark.usefixtures("on_gpu")
+@pytest.mark.gpu
+def test_high_of_few_rows_gives_highests_bits(rng):
+    """auto runs HIGH of at most 32 rows as HIGHEST, the same plan on the
+    same blocks (test_auto_runs_high_of_few_rows_on_thin_blocks), so the
+    same bits, on the float32 mainloop and off it, batched and not."""
+    for batch, m, n, k in [(1, 16, 512, 4100), (1, 5, 301, 999), (4, 32, 136, 520)]:
+        a, b, _, _ = operands(rng, m, n, k, False, False, np.float32, batch, batch)
+        high, highest = (
+            np.asarray(jax_tiled.matmul(a, b, precision=precision))
+            for precision in (lax.Precision.HIGH, HIGHEST)
+        )
+        np.testing.assert_array_equal(high, highest)
 
 
 @pytest.mark.usefixtures("on_gpu")

@@ -76,15 +76,30 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
   };
   const int cc = device.compute_capability;
   const bool tf32 = p.in_type == Dtype::kF32 && p.precision != Precision::kHighest && cc >= 80;
-  // float32 at HIGH of one row or one column: the product reads its matrix
-  // once, so exact products summed in double cost no more than 3xTF32, whose
-  // float32 sums over K were 1.5-3.2x jnp HIGHEST's error there (HIGH's bound
-  // is HIGHEST's; NOTES.md, "HIGH's one row or column on the row blocks").
-  if (p.SplitsTf32() && p.laid_terms == 1 && p.out_type != Dtype::kF64 &&
-      warptile.plan(p, device).block_m == 1)
-    return on_row_blocks(
-        "float32 at HIGH: the matrix read once bounds the product, and sums in double are "
-        "as exact as HIGHEST's where 3xTF32's float32 sums over K were not");
+  // float32 at HIGH of one row or one column, or of at most 32 rows, runs as
+  // at HIGHEST. One row or column: the product reads its matrix once, so
+  // exact products summed in double cost no more than 3xTF32, whose float32
+  // sums over K were 1.5-3.2x jnp HIGHEST's error there (HIGH's bound is
+  // HIGHEST's; NOTES.md, "HIGH's one row or column on the row blocks"). At
+  // most 32 rows (warptile's thin blocks), on a Hopper GPU: wgmma's 3xTF32
+  // lands them on N padded to 64, so at most half its four TF32 products'
+  // work is on rows that exist, about fp32's own SIMT rate, where reading
+  // the matrix once bounds the product either way (NOTES.md, "HIGH of few
+  // rows on the thin blocks").
+  if (p.SplitsTf32() && p.laid_terms == 1 && p.out_type != Dtype::kF64) {
+    const LaunchPlan simt = warptile.plan(p, device);
+    if (simt.block_m == 1)
+      return on_row_blocks(
+          "float32 at HIGH: the matrix read once bounds the product, and sums in double are "
+          "as exact as HIGHEST's where 3xTF32's float32 sums over K were not");
+    if (cc == 90 && simt.block_m < 64 && p.dims.n >= 64)
+      return choose(warptile, [&] {
+        const std::string rows = std::to_string(simt.block_m);
+        return "float32 at HIGH of at most " + rows + " rows: warptile's blocks of " + rows +
+               " rows in exact fp32, as at HIGHEST, where wgmma's 3xTF32 would pad them to 64 "
+               "and do four TF32 products: reading the matrix once bounds both";
+      });
+  }
   if ((IsSixteenBit(p.in_type) || tf32) && p.out_type != Dtype::kF64) {
     if (cc == 90 && SmallForMma(p, mma, device))
       return choose(mma, [&] {
