@@ -455,6 +455,8 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
             (False, False): ["A and B " + SPLIT_AHEAD],
         }[a, b]
         assert all(words in plan for words in said), (problem, plan)
+        reason = _ffi.cuda_explain("float32", "float32", problem, 132, "high")[1]
+        assert ("A through registers" in reason) == a, (problem, reason)
         assert (SPLIT_IN_REGISTERS in plan) == a and (SPLIT_ON_CHIP in plan) == b, (problem, plan)
         assert SPLIT_IN_KERNEL not in plan, (problem, plan)
     for problem in [

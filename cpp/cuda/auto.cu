@@ -125,10 +125,11 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
         const LaunchPlan plan = wgmma.plan(p, device);
         // TF32 wgmma reads shared memory K-major only: an MN-major A (stored
         // (k, m), or b stored (k, n) swapped onto A) goes through registers,
-        // as does A split in the kernel (WgmmaOperands::kAFromRegisters).
-        const bool a_through_registers = p.SplitsTf32()
-                                             ? plan.tf32_split_in_kernel
-                                             : tf32 && (plan.swap_ab || p.dims.transpose_a);
+        // as does an A that 3xTF32 splits in the kernel or, read once, on
+        // chip (WgmmaOperands::kAFromRegisters).
+        const bool a_through_registers =
+            p.SplitsTf32() ? plan.tf32_split_in_kernel || plan.a_split_in_registers
+                           : tf32 && (plan.swap_ab || p.dims.transpose_a);
         return TensorCoreInputs(p) +
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
