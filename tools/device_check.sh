@@ -112,10 +112,16 @@ repo=$PWD
 # A run cut short by TEST_TIMEOUT writes the tests it did not finish to
 # tests<suffix>_unfinished.ids (tools/test_shards.py --unfinished), which a
 # later call runs alone with TEST_IDS (the file copied into the tree).
+# NumPy's BLAS runs on one thread a worker: each worker's float64 references
+# would otherwise start a thread a core, 16 workers 256 threads on 16 cores,
+# whose idle ones spin (OpenBLAS; cpp/cuda/NOTES.md, "The suite's host
+# threads").
 run_tests() {
   local suffix=$1 rc
   shift
-  JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TILED_SLOW_FIRST=1 \
+  OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
+    MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} \
+    JAX_TILED_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TILED_SLOW_FIRST=1 \
     JAX_TILED_TEST_TIMES="$OUT/test_times$suffix.tsv" timeout "${TEST_TIMEOUT:-480}" \
     python3 -m pytest -v -n "${TEST_WORKERS:-16}" --maxschedchunk 1 -p no:cacheprovider --durations=20 \
     "$@" >"$OUT/tests$suffix.log" 2>&1
