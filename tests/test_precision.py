@@ -409,6 +409,7 @@ def test_auto_copies_b_k_major_for_the_float32_weight_gradient(on_gpu, precision
 
 # What explain says of 3xTF32's operands on wgmma (kernel_table.cu).
 SPLIT_ON_CHIP = "split into TF32 hi and lo parts in shared memory"
+SPLIT_IN_REGISTERS = "split into TF32 hi and lo parts in registers as the consumers load it"
 SPLIT_AHEAD = "split into TF32 hi and lo parts ahead of the kernel"
 SPLIT_IN_KERNEL = "its A (read once) split into TF32 hi and lo parts in registers"
 
@@ -419,8 +420,9 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
     ahead of the kernel, except one that the kernel reads only once and that
     is stored K-major: A where C is one column of 128-wide tiles, B where it
     is one row, neither broadcast over batches (each batch reads it again).
-    That one lands as stored and is split in shared memory (a pass ahead over
-    a 4096 x 4096 A with 128 columns of C took half the product's time). The
+    That one lands as stored, A split by the consumers as they load it into
+    registers, B in shared memory (a pass ahead over a 4096 x 4096 A with 128
+    columns of C took half the product's time). The
     caller's x @ w, w stored (k, n), splits in the kernel instead where the
     passes ahead would take longer than the parts save (few rows, or K deep
     beside M x N): swapped, w the kernel's A split in registers, x its B."""
@@ -431,7 +433,7 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
         return plan
 
     on_chip = {
-        # (batch_a, batch_b, m, n, k, transpose_a, transpose_b): (A on chip, B on chip)
+        # (batch_a, batch_b, m, n, k, transpose_a, transpose_b): (A in registers, B on chip)
         (1, 1, 4096, 128, 4096, False, False): (True, False),
         (1, 1, 4096, 128, 4096, False, True): (True, False),
         (1, 1, 4096, 128, 4096, True, True): (False, False),  # A stored (k, m)
@@ -447,13 +449,15 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
     for problem, (a, b) in on_chip.items():
         plan = plan_of(problem)
         said = {
-            (True, True): "A and B " + SPLIT_ON_CHIP,
-            (True, False): "A " + SPLIT_ON_CHIP,
-            (False, True): "B " + SPLIT_ON_CHIP,
-            (False, False): "A and B " + SPLIT_AHEAD,
+            (True, True): ["A " + SPLIT_IN_REGISTERS, "B " + SPLIT_ON_CHIP],
+            (True, False): ["A " + SPLIT_IN_REGISTERS, "B " + SPLIT_AHEAD],
+            (False, True): ["B " + SPLIT_ON_CHIP, "A " + SPLIT_AHEAD],
+            (False, False): ["A and B " + SPLIT_AHEAD],
         }[a, b]
-        assert said in plan, (problem, plan)
-        assert (SPLIT_AHEAD in plan) == (not (a and b)), (problem, plan)
+        assert all(words in plan for words in said), (problem, plan)
+        reason = _ffi.cuda_explain("float32", "float32", problem, 132, "high")[1]
+        assert ("A through registers" in reason) == a, (problem, reason)
+        assert (SPLIT_IN_REGISTERS in plan) == a and (SPLIT_ON_CHIP in plan) == b, (problem, plan)
         assert SPLIT_IN_KERNEL not in plan, (problem, plan)
     for problem in [
         (1, 1, 128, 4096, 4096, False, False),
@@ -472,10 +476,11 @@ def test_3xtf32_splits_on_chip_the_operands_read_once():
 
 @pytest.mark.gpu
 def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
-    """An operand split on chip has the parts the pass ahead makes, so the
-    same bits: each product here is a slice of a wider (taller) one whose
-    same operand is split ahead, both with tiles enough to fill every SM (no
-    K split, so every tile sums alike). Both on chip: against float64."""
+    """An operand split on chip (A in registers, B in shared memory) has the
+    parts the pass ahead makes, so the same bits: each product here is a
+    slice of a wider (taller) one whose same operand is split ahead, both
+    with tiles enough to fill every SM (no K split, so every tile sums
+    alike). Both on chip: against float64."""
     if "wgmma" not in tensor_core_kernels():
         pytest.skip("wgmma needs a Hopper GPU")
     long, k = 256 * 128, 200  # rows of whole tiles past any GPU's SMs; K off the slabs
@@ -484,19 +489,20 @@ def test_3xtf32_split_on_chip_gives_the_bits_of_the_split_ahead(rng, on_gpu):
     both = jnp.concatenate([once, extra])
     high = lax.Precision.HIGH
 
-    def product(a, b, ta, tb, split):
+    def product(a, b, ta, tb, *splits):
         problem = (1, 1, a.shape[1] if ta else a.shape[0], b.shape[0], k, ta, tb)
-        assert split in _ffi.cuda_explain("float32", "float32", problem, 132, high)[2]
+        plan = _ffi.cuda_explain("float32", "float32", problem, 132, high)[2]
+        assert all(split in plan for split in splits), (problem, plan)
         return np.asarray(bind_product(a[None], b[None], ta, tb, precision=high, kernel="wgmma"))[0]
 
-    a_on_chip = product(big, once, False, True, "A " + SPLIT_ON_CHIP)
+    a_on_chip = product(big, once, False, True, "A " + SPLIT_IN_REGISTERS)
     a_ahead = product(big, both, False, True, "A and B " + SPLIT_AHEAD)
     np.testing.assert_array_equal(a_on_chip, a_ahead[:, :128])
     b_on_chip = product(once, big, False, True, "B " + SPLIT_ON_CHIP)
     b_ahead = product(both, big, False, True, "A and B " + SPLIT_AHEAD)
     np.testing.assert_array_equal(b_on_chip, b_ahead[:128])
     assert_matmul_close(a_on_chip, big, once.T, platform="cuda", precision=high)
-    out = product(once, extra[:64], False, True, "A and B " + SPLIT_ON_CHIP)
+    out = product(once, extra[:64], False, True, "A " + SPLIT_IN_REGISTERS, "B " + SPLIT_ON_CHIP)
     assert_matmul_close(out, once, extra[:64].T, platform="cuda", precision=high)
 
 

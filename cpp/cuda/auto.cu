@@ -32,6 +32,14 @@ bool SmallForMma(const Product& p, const KernelDescriptor& mma, const DeviceFact
   return tiles <= device.multiprocessors / 2;
 }
 
+// Whether warptile's plan runs a product of few rows on its thin blocks:
+// blocks of fewer than 64 rows, where 64-row ones would compute rows that are
+// not there, and at least 64 columns, where a 128-wide block is not mostly
+// padding.
+bool OnThinBlocks(const Product& p, const LaunchPlan& warptile_plan) {
+  return warptile_plan.block_m < 64 && p.dims.n >= 64;
+}
+
 // "16-bit inputs", or how float32 runs on the tensor cores at this precision.
 std::string TensorCoreInputs(const Product& p) {
   if (IsSixteenBit(p.in_type)) return "16-bit inputs";
@@ -92,7 +100,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
       return on_row_blocks(
           "float32 at HIGH: the matrix read once bounds the product, and sums in double are "
           "as exact as HIGHEST's where 3xTF32's float32 sums over K were not");
-    if (cc == 90 && simt.block_m < 64 && p.dims.n >= 64)
+    if (cc == 90 && OnThinBlocks(p, simt))
       return choose(warptile, [&] {
         const std::string rows = std::to_string(simt.block_m);
         return "float32 at HIGH of at most " + rows + " rows: warptile's blocks of " + rows +
@@ -125,10 +133,11 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
         const LaunchPlan plan = wgmma.plan(p, device);
         // TF32 wgmma reads shared memory K-major only: an MN-major A (stored
         // (k, m), or b stored (k, n) swapped onto A) goes through registers,
-        // as does A split in the kernel (WgmmaOperands::kAFromRegisters).
-        const bool a_through_registers = p.SplitsTf32()
-                                             ? plan.tf32_split_in_kernel
-                                             : tf32 && (plan.swap_ab || p.dims.transpose_a);
+        // as does an A that 3xTF32 splits in the kernel or, read once, on
+        // chip (WgmmaOperands::kAFromRegisters).
+        const bool a_through_registers =
+            p.SplitsTf32() ? plan.tf32_split_in_kernel || plan.a_split_in_registers
+                           : tf32 && (plan.swap_ab || p.dims.transpose_a);
         return TensorCoreInputs(p) +
                " on a Hopper GPU, operands the TMA copy engine can read: "
                "warp-specialised wgmma" +
@@ -158,7 +167,7 @@ KernelChoice ChooseAuto(const Product& p, const DeviceFacts& device, std::string
     return on_row_blocks(
         "the product reads its matrix once, and its FMAs in double cost nothing beside "
         "that; a float32 chain over K was twice jnp's error");
-  if (p.dims.n >= 64 && own.block_m < 64)
+  if (OnThinBlocks(p, own))
     return choose(warptile, [&] {
       const std::string rows = std::to_string(own.block_m);
       return "at most " + rows + " rows: warptile's blocks of " + rows +

@@ -113,10 +113,11 @@ struct LaunchPlan {
   bool transposes_b = false;
   // 3xTF32's operands are read as TF32 hi and lo parts (wgmma), each split
   // by a pass ahead of the kernel into scratch, K-major (tf32_parts.cuh), but
-  // for those split on chip: landed as stored and split in shared memory by
-  // the producer warpgroup.
+  // for those the kernel reads once, landed as stored: A split by the
+  // consumers as they load it into registers, B in shared memory by the
+  // producer warpgroup.
   bool tf32_parts = false;
-  bool a_split_on_chip = false, b_split_on_chip = false;
+  bool a_split_in_registers = false, b_split_on_chip = false;
   // 3xTF32 split in the kernel instead (wgmma, the caller's x @ w with few
   // rows): its A split in the consumers' registers, its B in shared memory,
   // as they land.

@@ -170,16 +170,17 @@ std::string LaunchPlan::Describe() const {
   if (swap_ab) text += ", computing C^T = B^T A^T";
   if (transposes_b) text += ", B rewritten K-major in shared memory by the producer warpgroup";
   if (tf32_parts) {
-    const char* const on_chip = " split into TF32 hi and lo parts in shared memory as ";
+    const std::string a_in_registers =
+        ", A split into TF32 hi and lo parts in registers as the consumers load it";
+    const std::string b_on_chip = "B split into TF32 hi and lo parts in shared memory as it lands";
     const char* const ahead =
         " split into TF32 hi and lo parts ahead of the kernel (K-major, in "
         "XLA's scratch: twice ";
-    if (a_split_on_chip && b_split_on_chip)
-      text += std::string(", A and B") + on_chip + "they land (each read once)";
-    else if (a_split_on_chip)
-      text += std::string(", A") + on_chip + "it lands (read once), B" + ahead + "its bytes)";
-    else if (b_split_on_chip)
-      text += std::string(", B") + on_chip + "it lands (read once), A" + ahead + "its bytes)";
+    if (a_split_in_registers && b_split_on_chip)
+      text += a_in_registers + ", " + b_on_chip + " (each read once)";
+    else if (a_split_in_registers)
+      text += a_in_registers + " (read once), B" + ahead + "its bytes)";
+    else if (b_split_on_chip) text += ", " + b_on_chip + " (read once), A" + ahead + "its bytes)";
     else text += std::string(", A and B") + ahead + "the operands' bytes)";
   }
   if (tf32_split_in_kernel)

@@ -48,6 +48,15 @@ static_assert(
         2 * kWgmmaSharedBytes<WgmmaSplitKSkinnyParts, WgmmaOperands<float, false, false, true>,
                               float> >
             228 * 1024 &&
+        // ... and with A read once, split in registers: one A tile a stage, not two.
+        2 * kWgmmaSharedBytes<WgmmaSplitKParts,
+                              WgmmaOperands<float, false, false, true, false, kAInRegisters>,
+                              float> >
+            228 * 1024 &&
+        2 * kWgmmaSharedBytes<WgmmaSplitKSkinnyParts,
+                              WgmmaOperands<float, false, false, true, false, kAInRegisters>,
+                              float> >
+            228 * 1024 &&
         2 * kWgmmaSharedBytes<
                 WgmmaSplitKSplitInKernel,
                 WgmmaOperands<float, true, false, true, true, kAInRegisters | kBOnChip>, float> >

@@ -172,22 +172,22 @@ using WgmmaSplitKLaidX3 = WgmmaLaidX3<WgmmaSplitK>;
 //   kAMnMajor, kBMnMajor: the operands' layouts as the copy engine lands them.
 //   kSplit: 3xTF32 rather than one TF32 pass: A and B each a stack of two
 //     parts, hi and lo, both K-major (tf32_parts.cuh), but for those that
-//   kSplitOnChip names (kAOnChip, kBOnChip): stored K-major, landed as
-//     stored and split in shared memory; kAInRegisters: A landed as stored
-//     (either major) and split by the consumers as they load it into
-//     registers.
+//   kSplitOnChip names: kAInRegisters, A landed as stored (either major)
+//     and split by the consumers as they load it into registers; kBOnChip,
+//     B stored K-major, landed as stored and split in shared memory.
 //   kTransposedOut: the kernel's problem is C^T = B^T A^T of the caller's;
 //     it writes element (i, j) of its result to C[j][i].
 // TF32 wgmma reads B K-major only: a TF32 B landed MN-major is rewritten
 // K-major (kTransposesB) by the producer warpgroup's idle warps into the
 // stage's second B buffer. Those warps do every rewrite (kRewrites): that,
-// or 3xTF32's splits on chip.
+// or 3xTF32's split of B on chip. A is split by the consumers instead: they
+// load it into registers anyway, and its second tile in shared memory would
+// double the bytes their wgmmas read there (NOTES.md, "The probes and HIGH
+// of few rows, run").
 enum SplitOnChip : int {
   kNoneOnChip = 0,
-  kAOnChip = 1,
-  kBOnChip = 2,
-  kBothOnChip = 3,
-  kAInRegisters = 4,
+  kBOnChip = 1,
+  kAInRegisters = 2,
 };
 template <class In_, bool kAMnMajor_, bool kBMnMajor_, bool kSplit_ = false,
           bool kTransposedOut_ = false, int kSplitOnChip_ = kNoneOnChip>
@@ -197,18 +197,15 @@ struct WgmmaOperands {
   static constexpr bool kSplit = kSplit_, kTransposedOut = kTransposedOut_;
   static constexpr bool kTf32 = std::is_same_v<In, float>;
   static constexpr bool kTransposesB = kTf32 && kBMnMajor;
-  static constexpr bool kSplitsAOnChip = (kSplitOnChip_ & kAOnChip) != 0;
   static constexpr bool kSplitsBOnChip = (kSplitOnChip_ & kBOnChip) != 0;
   static constexpr bool kSplitsAInRegisters = (kSplitOnChip_ & kAInRegisters) != 0;
   // TF32 A the consumers load into registers: MN-major (TF32 wgmma reads
   // shared memory K-major only), or split there; else read from shared memory.
   static constexpr bool kAFromRegisters = kTf32 && (kSplit ? kSplitsAInRegisters : kAMnMajor);
-  static constexpr bool kRewrites = kTransposesB || kSplitsAOnChip || kSplitsBOnChip;
+  static constexpr bool kRewrites = kTransposesB || kSplitsBOnChip;
   static_assert(!kSplit || (kTf32 && !kBMnMajor &&
                             (kSplitsAInRegisters || (!kAMnMajor && !kTransposedOut))),
                 "3xTF32 reads float32 operands' parts K-major, but A split in registers");
-  static_assert(!kSplitsAInRegisters || (kSplitsBOnChip && !kSplitsAOnChip),
-                "A split in registers is built with B split on chip only");
   static_assert(kSplit || kSplitOnChip_ == kNoneOnChip, "only 3xTF32 splits on chip");
 };
 
@@ -384,7 +381,7 @@ struct WgmmaProducer {
                                               const CUtensorMap* b_map, const MatmulDims& dims,
                                               const WgmmaStacks& stacks) {
     constexpr uint16_t kCluster = (1u << Cfg::kClusterM) - 1;
-    constexpr bool kALoCopied = Tiles::kAParts == 2 && !Ops::kSplitsAOnChip;
+    constexpr bool kALoCopied = Tiles::kAParts == 2;  // A split ahead
     constexpr bool kBLoCopied = Ops::kSplit && !Ops::kSplitsBOnChip;
     constexpr int kSlabBytes =
         (1 + kALoCopied) * Tiles::A::kBytes + (1 + kBLoCopied) * Tiles::B::kBytes;
@@ -429,8 +426,6 @@ struct WgmmaProducer {
         hopper::WaitBarrier(&stages.landed[at.stage], at.parity);
         if constexpr (Ops::kTransposesB)
           TransposeSlabOfB(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
-        if constexpr (Ops::kSplitsAOnChip)
-          SplitSlab<Tiles::A::kBytes>(stages.A(at.stage), stages.ALo(at.stage), rewriter);
         if constexpr (Ops::kSplitsBOnChip)
           SplitSlab<Tiles::B::kBytes>(stages.B(at.stage), stages.BSecond(at.stage), rewriter);
         hopper::FenceProxyAsync();  // wgmma reads these through the async proxy
@@ -1199,11 +1194,14 @@ inline bool WgmmaLayoutFits(bool split_tf32, const MatmulDims& d) {
 // 128-wide tiles, B where it is one row (and neither broadcast over batches):
 // a pass ahead would read such an operand, write twice its bytes and have the
 // kernel read those back (4096 x 4096 by 4096 x 128 on an H200: the pass over
-// A took 69 of the product's 137 us; NOTES.md).
+// A took 69 of the product's 137 us; NOTES.md). A is split in the consumers'
+// registers, B in shared memory: split there too, A's two tiles made the
+// wgmmas read a third more bytes of shared memory (16384 x 4096 by 4096 x 64
+// on an H200: 0.234 ms, 0.162 split in registers).
 inline int WgmmaSplitsOnChip(const MatmulDims& d) {
   const bool a_once = d.n <= WgmmaParts::kBlockN && (d.a_batch_stride || d.batch == 1);
   const bool b_once = d.m <= WgmmaParts::kBlockM && (d.b_batch_stride || d.batch == 1);
-  return (!d.transpose_a && a_once ? kAOnChip : kNoneOnChip) |
+  return (!d.transpose_a && a_once ? kAInRegisters : kNoneOnChip) |
          (d.transpose_b && b_once ? kBOnChip : kNoneOnChip);
 }
 // Whether 3xTF32 splits in the kernel, not into parts: for the caller's
@@ -1224,7 +1222,7 @@ inline bool WgmmaSplitsInKernel(const MatmulDims& d) {
   constexpr double kPartsFlopsPerSecond = 97e12, kInKernelFlopsPerSecond = 64e12;
   const double w_elements = double(d.k) * d.n * (d.b_batch_stride ? d.batch : 1);
   const double x_elements = double(d.m) * d.k * (d.a_batch_stride ? d.batch : 1);
-  const bool x_on_chip = (WgmmaSplitsOnChip(d) & kAOnChip) != 0;
+  const bool x_on_chip = (WgmmaSplitsOnChip(d) & kAInRegisters) != 0;
   const double pass_seconds =
       kPassBytesPerElement * (w_elements + (x_on_chip ? 0 : x_elements)) / kBytesPerSecond;
   const double flops = 2.0 * d.m * d.n * d.k * d.batch;
@@ -1496,7 +1494,7 @@ cudaError_t LaunchWgmmaParts(const Product& p, Out* out, const LaunchContext& co
     }
     return cudaSuccess;
   };
-  if (!plan.a_split_on_chip)
+  if (!plan.a_split_in_registers)
     if (cudaError_t err = split_ahead(0)) return err;
   if (!plan.b_split_on_chip)
     if (cudaError_t err = split_ahead(1)) return err;
@@ -1506,9 +1504,9 @@ cudaError_t LaunchWgmmaParts(const Product& p, Out* out, const LaunchContext& co
     return LaunchWgmmaKernel<Cfg, WgmmaOperands<float, false, false, true, false, kOnChip>>(
         w, out, context, plan);
   };
-  if (plan.a_split_on_chip && plan.b_split_on_chip)
-    return launch(std::integral_constant<int, kBothOnChip>{});
-  if (plan.a_split_on_chip) return launch(std::integral_constant<int, kAOnChip>{});
+  if (plan.a_split_in_registers && plan.b_split_on_chip)
+    return launch(std::integral_constant<int, kAInRegisters | kBOnChip>{});
+  if (plan.a_split_in_registers) return launch(std::integral_constant<int, kAInRegisters>{});
   if (plan.b_split_on_chip) return launch(std::integral_constant<int, kBOnChip>{});
   return launch(std::integral_constant<int, kNoneOnChip>{});
 }
@@ -1603,7 +1601,7 @@ inline LaunchPlan PlanWgmma(const Product& p, int multiprocessors, ClustersHeld 
                               : split_k(WgmmaSplitKParts{}).value_or(plan(WgmmaParts{}));
     const int on_chip = WgmmaSplitsOnChip(p.dims);
     parts.tf32_parts = true;
-    parts.a_split_on_chip = (on_chip & kAOnChip) != 0;
+    parts.a_split_in_registers = (on_chip & kAInRegisters) != 0;
     parts.b_split_on_chip = (on_chip & kBOnChip) != 0;
     return parts;
   }
@@ -1657,7 +1655,8 @@ cudaError_t LaunchWgmmaFor(const LaunchPlan& plan, const Product& p, void* out,
   if (p.SplitsTf32()) {
     const int on_chip = WgmmaSplitsOnChip(p.dims);
     if (!WgmmaLayoutFits(true, p.dims) || plan.swap_ab || plan.transposes_b ||
-        plan.tf32_split_in_kernel || plan.a_split_on_chip != ((on_chip & kAOnChip) != 0) ||
+        plan.tf32_split_in_kernel ||
+        plan.a_split_in_registers != ((on_chip & kAInRegisters) != 0) ||
         plan.b_split_on_chip != ((on_chip & kBOnChip) != 0))
       return cudaErrorInvalidValue;
     if constexpr (kTf32)
