@@ -701,6 +701,8 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     (bin_dir / "ncu").write_text(
         f'#!/bin/bash\necho "$*" >> {asked}\n'
         f'[[ -n $NO_TABLE ]] && {{ echo "==ERROR== no kernels"; exit 1; }}\n'
+        # Stopped from outside while this product runs: the tool is told (SIGTERM).
+        f'[[ -n $STOP_AT && "$*" == *"$STOP_AT"* ]] && {{ kill -TERM $PPID; sleep 30; }}\n'
         f'[[ "$*" == *"--page source"* ]] && {{ cat {source_page}; exit 0; }}\ncat {canned}\n'
     )
     (bin_dir / "ncu").chmod(0o755)
@@ -743,6 +745,13 @@ def test_ncu_products_reads_each_launch_of_ours_and_jnps(tmp_path):
     assert [r["implementation"] for r in record["rows"]] == ["ours", "jnp"]
     assert record["rows"][0]["launches"][0]["lts__t_sectors_op_read.sum"] == 25967168.0
     assert "--cache-control" in record["ncu_flags"]
+    # Stopped during jnp's product: ours' row is still printed and written.
+    stopped = ncu_products(STOP_AT="jnp.matmul")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stdout + stopped.stderr
+    assert "stopped: the products done so far (1 of them)" in stopped.stdout
+    assert any(line.startswith("| 512x8192x512 | ours") for line in stopped.stdout.splitlines())
+    record = json.loads(out.read_text())
+    assert record["stopped"] and [r["implementation"] for r in record["rows"]] == ["ours"]
     failed = ncu_products(NO_TABLE="1")
     assert failed.returncode == 1 and "512x8192x512 auto: no ncu table" in failed.stdout
     # The Pallas kernel at a config of the sweep, by name, after ours and jnp's.

@@ -450,45 +450,56 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{shape} {kernel}: {exc} (exit status {status}; {tail})")
             return None
 
-    for shape in args.shapes.split(","):
-        implementations = [("ours", args.kernel)] + ([] if args.no_peer else [("jnp", PEER)])
-        implementations += [("pallas", pallas.PROBE_PREFIX + name) for name in args.pallas]
-        for implementation, kernel in implementations:
-            print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
-            launches = profiled(flags, kernel, shape, parse_launches)
-            if launches is None:
-                failed += 1
-                continue
-            row = {"product": shape, "implementation": implementation, "kernel_asked": kernel,
-                   "launches": launches}  # fmt: skip
-            if args.source:
-                print(f"ncu --source: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
-                kernels = profiled(source_flags(), kernel, shape, parse_source)
-                if kernels is None:
+    # Stopped part way (--timeout of the call around it, SIGTERM): the tables
+    # and the JSON still hold every product done, so a cut run is not lost.
+    stopped = True
+    try:
+        for shape in args.shapes.split(","):
+            implementations = [("ours", args.kernel)] + ([] if args.no_peer else [("jnp", PEER)])
+            implementations += [("pallas", pallas.PROBE_PREFIX + name) for name in args.pallas]
+            for implementation, kernel in implementations:
+                print(f"ncu: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True)
+                launches = profiled(flags, kernel, shape, parse_launches)
+                if launches is None:
                     failed += 1
-                else:
-                    row["source"] = [source_summary(k, args.source) for k in kernels]
-                    reports.append(source_report(shape, implementation, row["source"]))
-            rows.append(row)
-    print(table(rows))
-    if args.stalls:
-        print()
-        print(stall_table(rows))
-    for report in reports:
-        print()
-        print(report)
-    if args.json:
-        record = {
-            "device": gpu_name(),
-            "jax_version": importlib.metadata.version("jax"),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:] if argv is None else argv,
-            "ncu_flags": flags,
-            **({"source_flags": source_flags()} if args.source else {}),
-            "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+                    continue
+                row = {"product": shape, "implementation": implementation, "kernel_asked": kernel,
+                       "launches": launches}  # fmt: skip
+                if args.source:
+                    print(
+                        f"ncu --source: {shape} {args.dtype} {kernel}", file=sys.stderr, flush=True
+                    )
+                    kernels = profiled(source_flags(), kernel, shape, parse_source)
+                    if kernels is None:
+                        failed += 1
+                    else:
+                        row["source"] = [source_summary(k, args.source) for k in kernels]
+                        reports.append(source_report(shape, implementation, row["source"]))
+                rows.append(row)
+        stopped = False
+    finally:
+        if stopped:
+            print(f"stopped: the products done so far ({len(rows)} of them)", flush=True)
+        print(table(rows))
+        if args.stalls:
+            print()
+            print(stall_table(rows))
+        for report in reports:
+            print()
+            print(report)
+        if args.json:
+            record = {
+                "device": gpu_name(),
+                "jax_version": importlib.metadata.version("jax"),
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "argv": sys.argv[1:] if argv is None else argv,
+                "ncu_flags": flags,
+                **({"source_flags": source_flags()} if args.source else {}),
+                **({"stopped": True} if stopped else {}),
+                "rows": rows,
+            }
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
     return 1 if failed else 0
 
 
